@@ -1,0 +1,65 @@
+"""Settings, read once at the edge (the CLI) from flags and ``STEPSTREAM_*`` variables.
+
+Nothing else in stepstream reads the environment: every component takes a frozen
+:class:`Settings` (or the few values it needs) from the composition root.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+import msgspec
+
+from stepstream.errors import ConfigError
+
+ENV_PREFIX = "STEPSTREAM_"
+
+
+class Settings(msgspec.Struct, frozen=True, kw_only=True):
+    """Every knob of the service, with its default. Environment names are the
+    upper-cased field names with the ``STEPSTREAM_`` prefix."""
+
+    broker: str = "127.0.0.1:9092"
+    topic: str = "stepstream.events"
+    dlq_topic: str = ""  # default: "<topic>.dlq"
+    partitions: int = 4
+    app_id: str = "stepstream-worker"
+    steps_sink: str = "sqlite:///stepstream.db"
+    deep_sink: str = ""  # default: the steps sink
+    tokens_file: str = "stepstream-tokens.json"
+    web_host: str = "127.0.0.1"
+    web_port: int = 6066
+    # Batching: a batch is written when it holds this many records or is this old.
+    batch_records: int = 2000
+    batch_seconds: float = 0.05
+    idle_flush_seconds: float = 5.0
+    max_event_bytes: int = 1_048_576
+    lag_poll_seconds: float = 2.0
+    log_level: str = "warning"
+
+    @property
+    def dlq(self) -> str:
+        return self.dlq_topic or f"{self.topic}.dlq"
+
+    @property
+    def deep(self) -> str:
+        return self.deep_sink or self.steps_sink
+
+
+def load_settings(overrides: Mapping[str, object] | None = None, environ: Mapping[str, str] | None = None) -> Settings:
+    """Defaults, then ``STEPSTREAM_*`` variables, then explicit ``overrides``
+    (flags; ``None`` values are ignored). Raises :class:`ConfigError` naming the bad setting."""
+    env = os.environ if environ is None else environ
+    values: dict[str, object] = {}
+    for field in msgspec.structs.fields(Settings):
+        raw = env.get(ENV_PREFIX + field.name.upper())
+        if raw is not None and raw != "":
+            values[field.name] = raw
+    for key, value in (overrides or {}).items():
+        if value is not None:
+            values[key] = value
+    try:
+        return msgspec.convert(values, Settings, strict=False)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"bad setting: {exc}") from None

@@ -1,0 +1,45 @@
+"""The pure core: wire events, the step engine and what it makes.
+
+Data flows one way: bytes -> :func:`decode_event` -> :class:`RunFold` ->
+(:class:`StepRecord`, :class:`DeepRecord`, :class:`RunRecord`, :class:`RunState`).
+No module here does I/O, reads the environment or the clock, or imports an
+event loop or a driver (``tests/unit/test_core_purity.py`` holds it to that).
+
+* ``wire``: the v1 event union and its decoder.
+* ``records``: the stored record types and their write semantics; ``merge``
+  applies them.
+* ``fold``: the per-run state machine (:class:`RunFold`, :class:`Limits`, :class:`Output`).
+* ``steps``: what each event's step and deep companion hold.
+* ``redact``, ``caps``, ``shapes``, ``timefmt``: scrubbing, clipping, shapes, stored times.
+"""
+
+from stepstream.core.caps import CLIP_MARKER, clip, clip_deep
+from stepstream.core.fold import Limits, Output, RunFold
+from stepstream.core.records import DeepRecord, RunRecord, RunState, StepRecord
+from stepstream.core.redact import REDACTED, is_sensitive_key, mask_credentials, redact
+from stepstream.core.shapes import shape
+from stepstream.core.timefmt import format_ts, parse_ts
+from stepstream.core.wire import Event, decode_event, encode_event
+
+__all__ = [
+    "CLIP_MARKER",
+    "REDACTED",
+    "DeepRecord",
+    "Event",
+    "Limits",
+    "Output",
+    "RunFold",
+    "RunRecord",
+    "RunState",
+    "StepRecord",
+    "clip",
+    "clip_deep",
+    "decode_event",
+    "encode_event",
+    "format_ts",
+    "is_sensitive_key",
+    "mask_credentials",
+    "parse_ts",
+    "redact",
+    "shape",
+]

@@ -1,0 +1,413 @@
+"""The step engine: one pure state machine per run (CONTRACT.md section 2).
+
+:class:`RunFold` turns a run's wire events into the records to write, from ONE
+pass: :meth:`RunFold.push` returns an :class:`Output` holding the scrubbed
+steps, their unredacted deep companions, the run record and the durable state,
+in write order. There is no second state machine that has to agree with it.
+
+Contracts:
+
+* **Ordinals.** One dense counter per run (``RunState.next_ordinal``), in
+  arrival order. ``run_start`` and ``run_end`` make no step. Every other event
+  makes a step or completes one: ``tool_result``/``llm_response`` complete the
+  ordinal of their call (looked up in ``open_calls``) by writing only the fields
+  they know; the store's field-by-field merge (``core.records``) keeps the rest,
+  so the state never holds call arguments. A result with no open call becomes a
+  step of its own (label ``unmatched result``).
+* **Thinking fold.** Consecutive ``thinking_delta`` events are one step whose
+  ordinal is fixed at the first delta. The unflushed text (the *tail*) lives
+  only in memory. It is flushed as a positional chunk of the deep ``reasoning``
+  (``reasoning_offset`` = characters already durable) with trigger ``size`` as
+  soon as ``Limits.flush_bytes`` UTF-8 bytes are pending (the whole tail,
+  including the delta that crossed the line), ``close`` when any other event of
+  the run arrives (before that event's own records) or on ``run_end``, and
+  ``idle`` from :meth:`RunFold.flush_idle`. Closing marks the step ``ok``.
+* **Idle and forced flushes do not close.** :meth:`RunFold.flush_idle` and
+  :meth:`RunFold.flush` make the tail durable but leave the thinking step open:
+  a later delta continues the same ordinal. Ordinals therefore depend only on
+  the events, never on wall-clock timing, so a worker (with idle flushes, crashes
+  and rebalances) and an offline ``ingest-file`` of the same events converge to
+  identical rows.
+* **A thinking step carries no text**, only ``output_shape`` of the total text
+  so far (``4.2k characters``). Its deep ``ts`` and, when it closes, its
+  ``ended_at`` are the latest event time seen up to its last delta.
+* **Caps** (``core.caps``): deep bodies are clipped in characters with a marker
+  and a sticky ``clipped`` flag. Once a thinking run's reasoning is clipped,
+  later deltas are only counted (for the shape): the tail keeps no more text.
+* **500 steps.** A step that would get ordinal ``>= max_steps`` is dropped, step
+  and deep alike; the run becomes ``truncated`` and ``dropped_steps`` counts it
+  (a dropped thinking run once). Results of dropped calls are dropped silently,
+  and so is any result without an open call once the run is truncated.
+* **Idempotence.** An event whose ``seq`` is not above the last applied one
+  returns ``None`` and changes nothing (``stale`` counts it). A gap
+  (``seq > last + 1``) is applied and counted in ``RunRecord.seq_gaps``.
+* **Durability.** ``Output.state`` is a snapshot of :class:`RunState`, present
+  exactly when no tail is pending after the call; every event up to its
+  ``last_seq`` is fully reflected in the Output's records and those before it.
+  A delta that only buffers returns an Output with empty lists and
+  ``state=None``: its effect becomes durable with a later Output that carries a
+  state. ``Output.run`` rides only on Outputs with a state, when the run record
+  changed since it was last emitted. A fold restored from any such snapshot and
+  fed the later events (earlier ones are skipped) makes exactly the records an
+  uninterrupted fold makes.
+* **State fields** (``core.records.RunState``): ``thinking_chars`` counts every
+  durable character of the open thinking run, also those past the cap (the deep
+  text then stops at the cap); ``thinking_ordinal >= max_steps`` marks an open
+  thinking run that was dropped; ``open_calls`` never holds a dropped call.
+
+Pure: no I/O, no clock (``now`` is passed in, only for the idle timer).
+"""
+
+from __future__ import annotations
+
+import sys
+from datetime import datetime
+from typing import Any, Callable
+
+import msgspec
+
+from stepstream.core import wire
+from stepstream.core.caps import clip_chunk
+from stepstream.core.records import DeepRecord, RunRecord, RunState, StepRecord
+from stepstream.core.redact import mask_credentials
+from stepstream.core.steps import CALLS, OPENERS, RESULTS, Rows, call_key, opening_rows, result_rows, thinking_step
+from stepstream.core.timefmt import format_ts, parse_ts
+
+__all__ = ["Limits", "Output", "RunFold"]
+
+
+class Limits(msgspec.Struct, frozen=True):
+    """Caps (characters), the step ceiling, the flush size (UTF-8 bytes) and the
+    idle timeout (seconds of the injected clock)."""
+
+    reasoning_chars: int = 65536
+    output_chars: int = 65536
+    arguments_chars: int = 32768
+    max_steps: int = 500
+    flush_bytes: int = 2048
+    idle_seconds: float = 5.0
+
+
+class Output(msgspec.Struct):
+    """Everything one call produced, in write order (see the module docstring)."""
+
+    steps: list[StepRecord] = []
+    deeps: list[DeepRecord] = []
+    run: RunRecord | None = None
+    state: RunState | None = None
+    flushes: list[str] = []
+    clipped: list[str] = []
+
+
+_Handler = Callable[["RunFold", Any, Output], None]
+_ThinkingDelta = wire.ThinkingDelta
+
+
+def _utf8_len(text: str) -> int:
+    try:
+        return len(text.encode())
+    except UnicodeEncodeError:  # a lone surrogate (only from events built in Python)
+        return len(text.encode("utf-8", "surrogatepass"))
+
+
+class RunFold:
+    """The fold of one run; see the module docstring for its contracts."""
+
+    __slots__ = (
+        "company_id", "run_id", "limits", "stale", "_last_seq", "_next", "_open", "_run",
+        "_dirty", "_max_ts", "_max_ts_str", "_th_ord", "_th_chars", "_th_clipped",
+        "_th_started", "_pending", "_tail", "_tail_chars", "_tail_bytes", "_delta_now",
+        "_max_steps", "_flush_bytes",
+    )  # fmt: skip
+
+    def __init__(self, company_id: str, run_id: str, state: RunState | None = None, limits: Limits = Limits()):
+        self.company_id = sys.intern(company_id)  # shared by every run of a company
+        self.run_id = run_id
+        self.limits = limits
+        self._max_steps = limits.max_steps
+        self._flush_bytes = limits.flush_bytes
+        self.stale = 0
+        self._pending = False
+        self._tail: list[str] = []
+        self._tail_chars = 0
+        self._tail_bytes = 0
+        self._delta_now = 0.0
+        self._max_ts_str: str | None = None
+        if state is None:
+            state = RunState(company_id=company_id, run_id=run_id)
+        elif (state.company_id, state.run_id) != (company_id, run_id):
+            raise ValueError(f"state of {state.company_id}/{state.run_id} given to {company_id}/{run_id}")
+        self._last_seq = state.last_seq
+        self._next = state.next_ordinal
+        self._open: dict[str, int] | None = dict(state.open_calls) if state.open_calls else None
+        self._th_ord = state.thinking_ordinal
+        self._th_chars = state.thinking_chars
+        self._th_clipped = state.thinking_clipped
+        self._th_started: datetime | str | None = state.thinking_started_at  # formatted lazily
+        run = state.run
+        if run is None:
+            run = RunRecord(company_id=self.company_id, run_id=run_id)
+        self._run = msgspec.structs.replace(run, company_id=self.company_id)
+        self._dirty = False
+        last = self._run.last_event_at
+        self._run.last_event_at = None
+        self._max_ts: datetime | None = None if last is None else parse_ts(last)
+        self._max_ts_str = last
+
+    # -- public surface -------------------------------------------------------
+
+    @property
+    def pending(self) -> bool:
+        """Whether an unflushed thinking tail is held in memory."""
+        return self._pending
+
+    @property
+    def state(self) -> RunState:
+        """A copy of the current state. Only an ``Output.state`` is a durable
+        snapshot: this one omits any pending tail."""
+        return self._snapshot(self._run_copy())
+
+    def push(self, event: wire.Event, now: float) -> Output | None:
+        """Apply one event of this run; ``None`` if its ``seq`` was already applied.
+        ``now`` is the injected clock, used only by :meth:`flush_idle`. Raises
+        ``ValueError`` for an event of another run."""
+        if event.run_id != self.run_id or event.company_id != self.company_id:
+            raise ValueError(f"event of {event.company_id}/{event.run_id} pushed to {self.company_id}/{self.run_id}")
+        seq = event.seq
+        last = self._last_seq
+        if seq <= last:
+            self.stale += 1
+            return None
+        self._last_seq = seq
+        if seq != last + 1:
+            self._run.seq_gaps += 1
+            self._dirty = True
+        ts = event.ts
+        latest = self._max_ts
+        if type(event) is _ThinkingDelta:
+            if latest is None or ts > latest:
+                self._see(ts)
+            ordinal = self._th_ord
+            if ordinal is None or ordinal >= self._max_steps:
+                return self._delta_start(event, now)
+            return self._buffer(event.payload.text, now)
+        out = Output([], [], None, None, [], [])
+        if self._th_ord is not None:
+            self._flush_thinking(out, "close", close=True)
+        if latest is None or ts > latest:
+            self._see(ts)
+        _HANDLERS[type(event)](self, event, out)
+        return self._finish(out)
+
+    def flush_idle(self, now: float) -> Output | None:
+        """Flush a pending tail (trigger ``idle``) if no delta came for
+        ``limits.idle_seconds``; the thinking step stays open."""
+        if not self._pending or now - self._delta_now < self.limits.idle_seconds:
+            return None
+        return self.flush("idle")
+
+    def flush(self, trigger: str = "close") -> Output | None:
+        """Force-flush a pending tail (before a partition is released, at
+        shutdown, at the end of a file); the thinking step stays open."""
+        if not self._pending:
+            return None
+        out = Output([], [], None, None, [], [])
+        self._flush_thinking(out, trigger, close=False)
+        return self._finish(out)
+
+    # -- bookkeeping ----------------------------------------------------------
+
+    def _see(self, ts: datetime) -> None:
+        """A later event time than any seen (called only when ``ts`` is)."""
+        if self._max_ts is None and self._run.started_at is None:
+            self._run.started_at = format_ts(ts)
+        self._max_ts = ts
+        self._max_ts_str = None
+        self._dirty = True
+
+    def _latest(self) -> str:
+        text = self._max_ts_str
+        if text is None:
+            assert self._max_ts is not None
+            text = self._max_ts_str = format_ts(self._max_ts)
+        return text
+
+    def _started_text(self) -> str | None:
+        started = self._th_started
+        if isinstance(started, datetime):
+            started = self._th_started = format_ts(started)
+        return started
+
+    def _run_copy(self) -> RunRecord:
+        # last_event_at lives in _max_ts; the held record does not keep a stale string of it.
+        if self._max_ts is None:
+            return msgspec.structs.replace(self._run)
+        return msgspec.structs.replace(self._run, last_event_at=self._latest())
+
+    def _snapshot(self, run: RunRecord) -> RunState:
+        return RunState(
+            company_id=self.company_id,
+            run_id=self.run_id,
+            last_seq=self._last_seq,
+            next_ordinal=self._next,
+            thinking_ordinal=self._th_ord,
+            thinking_chars=self._th_chars,
+            thinking_clipped=self._th_clipped,
+            thinking_started_at=self._started_text(),
+            open_calls={} if self._open is None else dict(self._open),
+            run=run,
+        )
+
+    def _finish(self, out: Output) -> Output:
+        if not self._pending:
+            run = self._run_copy()
+            if self._dirty:
+                out.run = run
+                self._dirty = False
+            out.state = self._snapshot(run)
+        return out
+
+    def _alloc(self) -> int | None:
+        """The next ordinal, or ``None`` when the run is at its step ceiling."""
+        ordinal = self._next
+        run = self._run
+        self._dirty = True
+        if ordinal >= self._max_steps:
+            run.truncated = True
+            run.dropped_steps += 1
+            return None
+        self._next = run.step_count = ordinal + 1
+        return ordinal
+
+    # -- thinking ---------------------------------------------------------------
+
+    def _delta_start(self, event: wire.ThinkingDelta, now: float) -> Output:
+        """A delta that opens a thinking run, or one of a dropped thinking run."""
+        if self._th_ord is None:
+            ordinal = self._alloc()
+            self._th_ord = self._max_steps if ordinal is None else ordinal  # open but dropped: counted once
+            self._th_chars = 0
+            self._th_clipped = False
+            self._th_started = event.ts
+        if self._th_ord >= self._max_steps:
+            return self._finish(Output([], [], None, None, [], []))
+        return self._buffer(event.payload.text, now)
+
+    def _buffer(self, text: str, now: float) -> Output:
+        """Add one delta's text to the tail; flush it whole once it reaches ``flush_bytes``."""
+        self._pending = True
+        self._delta_now = now
+        if not self._th_clipped:
+            self._tail.append(text)
+        n = len(text)
+        self._tail_chars += n
+        if not text.isascii():
+            n = _utf8_len(text)
+        n += self._tail_bytes
+        self._tail_bytes = n
+        if n >= self._flush_bytes:
+            out = Output([], [], None, None, [], [])
+            self._flush_thinking(out, "size", close=False)
+            return self._finish(out)
+        return Output([], [], None, None, [], [])
+
+    def _flush_thinking(self, out: Output, trigger: str, *, close: bool) -> None:
+        """Write the open thinking step (and its pending chunk); close it if asked."""
+        ordinal = self._th_ord
+        assert ordinal is not None
+        if ordinal < self._max_steps:
+            ts = self._latest()
+            total = self._th_chars
+            if self._pending:
+                total += self._tail_chars
+                deep = DeepRecord(
+                    company_id=self.company_id, run_id=self.run_id, step_seq=ordinal, kind="thinking", ts=ts
+                )
+                if self._th_clipped:
+                    deep.clipped = True  # nothing more is kept; the write only moves ts
+                else:
+                    chunk, offset, cut = clip_chunk("".join(self._tail), self._th_chars, self.limits.reasoning_chars)
+                    deep.reasoning, deep.reasoning_offset = chunk, offset
+                    if cut:
+                        deep.clipped = self._th_clipped = True
+                        out.clipped.append("reasoning")
+                out.deeps.append(deep)
+                self._th_chars = total
+                self._tail = []
+                self._tail_chars = self._tail_bytes = 0
+                self._pending = False
+            started = self._started_text()
+            out.steps.append(
+                thinking_step(
+                    self.company_id, self.run_id, ordinal, chars=total, started_at=started, ts=ts, closed=close
+                )
+            )
+            out.flushes.append(trigger)
+        if close:
+            self._th_ord = None
+            self._th_chars = 0
+            self._th_clipped = False
+            self._th_started = None
+
+    # -- other events -------------------------------------------------------------
+
+    def _emit(self, out: Output, rows: Rows) -> None:
+        out.steps.append(rows.step)
+        out.deeps.append(rows.deep)
+        if rows.clipped is not None:
+            out.clipped.append(rows.clipped)
+
+    def _opening(self, event: Any, out: Output) -> None:
+        """A tool call, LLM request, state change or error: a new ordinal."""
+        ordinal = self._alloc()
+        if ordinal is None:
+            return
+        if type(event) in CALLS:
+            if self._open is None:
+                self._open = {}
+            self._open[call_key(event)] = ordinal
+        self._emit(out, opening_rows(event, self.company_id, self.run_id, ordinal, format_ts(event.ts), self.limits))
+
+    def _result(self, event: Any, out: Output) -> None:
+        """A tool result or LLM response: completes its call's ordinal."""
+        usage = getattr(event.payload, "usage", None)
+        if usage is not None:
+            run = self._run
+            run.input_tokens += usage.input_tokens
+            run.output_tokens += usage.output_tokens
+            run.reasoning_tokens += usage.reasoning_tokens
+            self._dirty = True
+        ordinal = None if self._open is None else self._open.pop(call_key(event), None)
+        matched = ordinal is not None
+        if ordinal is None:
+            if self._next >= self._max_steps:
+                return  # the result of a dropped call, or nothing to match in a truncated run
+            ordinal = self._alloc()
+            assert ordinal is not None
+        at = format_ts(event.ts)
+        self._emit(out, result_rows(event, self.company_id, self.run_id, ordinal, at, self.limits, matched=matched))
+
+    def _run_start(self, event: wire.RunStart, out: Output) -> None:
+        p = event.payload
+        run = self._run
+        run.agent_name = p.agent_name
+        if p.environment is not None:
+            run.environment = p.environment
+        run.started_at = format_ts(event.ts)
+        self._dirty = True
+
+    def _run_end(self, event: wire.RunEnd, out: Output) -> None:
+        p = event.payload
+        run = self._run
+        run.status = p.status
+        run.failure = None if p.failure is None else mask_credentials(p.failure)
+        run.ended_at = format_ts(event.ts)
+        self._dirty = True
+
+
+_HANDLERS: dict[type, _Handler] = {
+    wire.RunStart: RunFold._run_start,
+    wire.RunEnd: RunFold._run_end,
+    **{cls: RunFold._opening for cls in OPENERS},
+    **{cls: RunFold._result for cls in RESULTS},
+}

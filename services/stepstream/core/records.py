@@ -1,0 +1,114 @@
+"""What the engine makes and the sinks store (CONTRACT.md sections 2 and 3).
+
+Three record types, all keyed by company first so no read can cross tenants:
+
+* :class:`StepRecord`, the operator view, keyed ``(company_id, run_id, step_seq)``.
+  Never holds raw output, thinking text or an unredacted argument.
+* :class:`DeepRecord`, the unredacted companion of one step, same key.
+* :class:`RunRecord`, one per ``(company_id, run_id)``.
+
+and :class:`RunState`, the small durable fold state per run that the worker
+writes in the same transaction as the rows it describes (DESIGN-NOTES.md).
+
+**Write semantics (every backend).** A write replaces on its key *field by
+field*: a field written as ``None`` keeps the stored value, any other value
+replaces it. That is how a ``tool_result`` completes the row its ``tool_call``
+wrote without the engine holding the call's arguments in memory. Two fields
+merge differently:
+
+* ``DeepRecord.clipped`` is sticky: stored ``clipped = stored or written``.
+* ``DeepRecord.reasoning`` is positional: a write carries the text *from
+  character* ``reasoning_offset`` on, so the stored text becomes
+  ``stored[:reasoning_offset] + written``. Writing the same chunk twice gives
+  the same row, which is what makes a replay after a crash converge.
+
+Timestamps are RFC 3339 strings in UTC with a ``Z`` suffix and microseconds,
+so they sort as text in every backend.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+
+StepKind = Literal["thinking", "tool", "llm", "state", "error"]
+StepStatus = Literal["running", "ok", "error"]
+RunStatus = Literal["running", "completed", "failed"]
+
+
+class StepRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """One step as an operator may see it. ``None`` fields keep stored values."""
+
+    company_id: str
+    run_id: str
+    step_seq: int
+    kind: StepKind
+    label: str | None = None
+    status: StepStatus | None = None
+    call_id: str | None = None
+    # Redacted arguments (tool arguments, LLM params, a state value); never raw.
+    arguments: Any | None = None
+    input_shape: str | None = None
+    output_shape: str | None = None
+    started_at: str | None = None
+    ended_at: str | None = None
+
+
+class DeepRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """The unredacted companion of one step. Bodies are text, capped in characters:
+    ``reasoning`` 65,536, ``output`` 65,536, ``arguments`` 32,768 (see ``core.caps``).
+    ``arguments`` and ``output`` are JSON text (a string output is stored as its JSON
+    string literal), so a stored body can be parsed back unless it was clipped.
+    ``ts`` is the event time of the write; the deep store ranks runs by its maximum."""
+
+    company_id: str
+    run_id: str
+    step_seq: int
+    kind: StepKind
+    ts: str
+    reasoning: str | None = None
+    reasoning_offset: int = 0
+    arguments: str | None = None
+    output: str | None = None
+    clipped: bool = False
+
+
+class RunRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """One run. Always written whole (the engine holds it in the run's state)."""
+
+    company_id: str
+    run_id: str
+    agent_name: str | None = None
+    environment: str | None = None
+    status: RunStatus = "running"
+    failure: str | None = None
+    started_at: str | None = None
+    ended_at: str | None = None
+    last_event_at: str | None = None
+    step_count: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    reasoning_tokens: int = 0
+    truncated: bool = False
+    dropped_steps: int = 0
+    seq_gaps: int = 0
+
+
+class RunState(msgspec.Struct, kw_only=True):
+    """Durable fold state of one run: small (no text), written with the rows it
+    describes. ``last_seq`` means every event of this run up to it is fully
+    reflected in the sinks and nothing beyond it is."""
+
+    company_id: str
+    run_id: str
+    last_seq: int = -1
+    next_ordinal: int = 0
+    # The open thinking run, if any: its ordinal, the characters already durable.
+    thinking_ordinal: int | None = None
+    thinking_chars: int = 0
+    thinking_clipped: bool = False
+    thinking_started_at: str | None = None
+    # Open tool and LLM calls: "tool:<call_id>" or "llm:<call_id>" -> ordinal.
+    open_calls: dict[str, int] = {}
+    run: RunRecord | None = None

@@ -1,0 +1,118 @@
+"""The split: what one event's step (scrubbed) and deep companion (raw) look like.
+
+``core.fold`` decides *which* ordinal an event writes; this module decides *what*
+it writes there. Per event type:
+
+============== ===================== ================================ ===========================
+event          step label            step arguments (redacted)        deep body (raw JSON text)
+============== ===================== ================================ ===========================
+tool_call      the tool              the arguments                    ``arguments``: the arguments
+llm_request    ``provider/model``    the params                       ``arguments``: the input
+state_change   the key               ``{key: value}``                 ``arguments``: the value
+error          the kind, or "error"  ``{"message": masked message}``  ``output``: the message
+tool_result    (kept)                (kept)                           ``output``: the output
+llm_response   (kept)                (kept)                           ``output``: the output
+============== ===================== ================================ ===========================
+
+A call writes its step ``running``; its result writes only what it knows
+(status, ``output_shape``, ``ended_at``) and leaves ``label``, ``arguments`` and
+``started_at`` as ``None`` for the store to keep (``core.records``). A result with
+no open call is labelled ``unmatched result`` and carries its own start time.
+A step never holds raw output or thinking text: only shapes (``core.shapes``).
+Bodies are clipped to the caps of ``core.caps``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from stepstream.core import wire
+from stepstream.core.caps import json_body
+from stepstream.core.records import DeepRecord, StepRecord
+from stepstream.core.redact import mask_credentials, redact
+from stepstream.core.shapes import shape, shape_chars
+
+if TYPE_CHECKING:  # pragma: no cover
+    from stepstream.core.fold import Limits
+
+__all__ = ["CALLS", "OPENERS", "RESULTS", "Rows", "call_key", "opening_rows", "result_rows", "thinking_step"]
+
+CALLS = (wire.ToolCall, wire.LlmRequest)
+RESULTS = (wire.ToolResult, wire.LlmResponse)
+OPENERS = (*CALLS, wire.StateChange, wire.Error)
+
+
+class Rows(NamedTuple):
+    step: StepRecord
+    deep: DeepRecord
+    clipped: str | None  # the deep field that was clipped, if any
+
+
+def call_key(event: Any) -> str:
+    """The ``open_calls`` key of a call or result: ``tool:<call_id>`` or ``llm:<call_id>``."""
+    prefix = "tool:" if type(event) in (wire.ToolCall, wire.ToolResult) else "llm:"
+    return prefix + event.payload.call_id
+
+
+def _rows(step: StepRecord, at: str, field: str, raw: Any, cap: int) -> Rows:
+    body, cut = json_body(raw, cap)
+    deep = DeepRecord(
+        company_id=step.company_id, run_id=step.run_id, step_seq=step.step_seq, kind=step.kind, ts=at, clipped=cut
+    )
+    setattr(deep, field, body)
+    return Rows(step, deep, field if cut else None)
+
+
+def opening_rows(event: Any, company_id: str, run_id: str, ordinal: int, at: str, limits: Limits) -> Rows:
+    """The rows of a call, a state change or an error (``at``: its formatted ts)."""
+    p = event.payload
+    base: dict[str, Any] = {"company_id": company_id, "run_id": run_id, "step_seq": ordinal, "started_at": at}
+    if type(event) is wire.ToolCall:
+        step = StepRecord(**base, kind="tool", label=p.tool, status="running", call_id=p.call_id,
+                          arguments=redact(p.arguments).value, input_shape=shape(p.arguments))  # fmt: skip
+        return _rows(step, at, "arguments", p.arguments, limits.arguments_chars)
+    if type(event) is wire.LlmRequest:
+        params = None if p.params is None else redact(p.params).value
+        step = StepRecord(**base, kind="llm", label=f"{p.provider}/{p.model}", status="running", call_id=p.call_id,
+                          arguments=params, input_shape=shape(p.input))  # fmt: skip
+        return _rows(step, at, "arguments", p.input, limits.arguments_chars)
+    if type(event) is wire.StateChange:
+        step = StepRecord(**base, kind="state", label=p.key, status="ok", arguments=redact({p.key: p.value}).value,
+                          input_shape=shape(p.value), ended_at=at)  # fmt: skip
+        return _rows(step, at, "arguments", p.value, limits.arguments_chars)
+    if type(event) is wire.Error:
+        step = StepRecord(**base, kind="error", label=p.kind or "error", status="error",
+                          arguments={"message": mask_credentials(p.message)}, ended_at=at)  # fmt: skip
+        return _rows(step, at, "output", p.message, limits.output_chars)
+    raise TypeError(f"{type(event).__name__} opens no step")
+
+
+def result_rows(
+    event: Any, company_id: str, run_id: str, ordinal: int, at: str, limits: Limits, *, matched: bool
+) -> Rows:
+    """The rows of a tool result or LLM response completing ``ordinal`` (or, when
+    not ``matched``, making it a step of its own)."""
+    p = event.payload
+    kind = "tool" if type(event) is wire.ToolResult else "llm"
+    status = "error" if kind == "tool" and p.is_error else "ok"
+    extra: dict[str, Any] = {} if matched else {"label": "unmatched result", "started_at": at}
+    step = StepRecord(company_id=company_id, run_id=run_id, step_seq=ordinal, kind=kind, status=status,
+                      call_id=p.call_id, output_shape=shape(p.output), ended_at=at, **extra)  # fmt: skip
+    return _rows(step, at, "output", p.output, limits.output_chars)
+
+
+def thinking_step(
+    company_id: str, run_id: str, ordinal: int, *, chars: int, started_at: str | None, ts: str, closed: bool
+) -> StepRecord:
+    """The thinking step: no text, only the shape of all its text so far."""
+    return StepRecord(
+        company_id=company_id,
+        run_id=run_id,
+        step_seq=ordinal,
+        kind="thinking",
+        label="reasoning",
+        status="ok" if closed else "running",
+        output_shape=shape_chars(chars),
+        started_at=started_at,
+        ended_at=ts if closed else None,
+    )

@@ -1,0 +1,54 @@
+"""Every Prometheus metric stepstream exports (CONTRACT.md section 6), declared once
+against a registry passed in, so tests use a fresh one."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
+
+
+class Metrics:
+    """The metric families. Hot paths update them per batch, not per event."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        self.events = Counter("stepstream_events", "Raw events applied, by type.", ["type"], registry=r)
+        self.duplicates = Counter(
+            "stepstream_duplicate_events", "Events skipped because their seq was already applied.", registry=r
+        )
+        self.dead_letters = Counter(
+            "stepstream_dead_letters", "Messages sent to the dead-letter topic, by reason.", ["reason"], registry=r
+        )
+        self.consumer_lag = Gauge(
+            "stepstream_consumer_lag_records",
+            "Log-end offset minus committed offset of the consumer group.",
+            ["topic", "partition"],
+            registry=r,
+        )
+        self.ingest_lag = Histogram(
+            "stepstream_ingest_lag_seconds",
+            "Event timestamp to sink commit.",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.sink_write = Histogram(
+            "stepstream_sink_write_seconds", "Duration of one batch write, by sink.", ["sink"], registry=r
+        )
+        self.rows_written = Counter(
+            "stepstream_rows_written", "Rows written to the sinks, by kind.", ["kind"], registry=r
+        )
+        self.thinking_flushes = Counter(
+            "stepstream_thinking_flushes", "Thinking text flushes, by trigger.", ["trigger"], registry=r
+        )
+        self.clipped = Counter("stepstream_clipped_bodies", "Deep bodies clipped at a cap, by field.", ["field"], registry=r)
+        self.steps_dropped = Counter(
+            "stepstream_steps_dropped", "Steps dropped beyond the per-run step limit.", registry=r
+        )
+        self.seq_gaps = Counter("stepstream_seq_gaps", "Runs' sequence gaps seen.", registry=r)
+        self.runs_pruned = Counter("stepstream_runs_pruned", "Runs whose deep bodies were pruned.", registry=r)
+        self.open_runs = Gauge("stepstream_open_runs", "Runs with fold state in memory.", registry=r)
+        self.pending_events = Gauge(
+            "stepstream_pending_events", "Consumed events not yet durable (offsets held back).", registry=r
+        )

@@ -1,0 +1,48 @@
+"""Generate ``schemas/*.schema.json`` from the msgspec Structs (the one schema source).
+
+``python -m stepstream.schemagen [DIR]`` rewrites the files; a test fails when the
+committed files and the Structs drift apart.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import msgspec
+
+from stepstream.core import records, wire
+
+SCHEMAS: dict[str, object] = {
+    "wire-v1.schema.json": wire.Event,
+    "step-record.schema.json": records.StepRecord,
+    "deep-record.schema.json": records.DeepRecord,
+    "run-record.schema.json": records.RunRecord,
+    "run-state.schema.json": records.RunState,
+}
+
+
+def render() -> dict[str, str]:
+    """File name -> JSON text (sorted keys, 2-space indent, trailing newline)."""
+    out = {}
+    for name, typ in SCHEMAS.items():
+        schema = msgspec.json.schema(typ)
+        schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+        schema["title"] = name.removesuffix(".schema.json")
+        out[name] = json.dumps(schema, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    target = Path(args[0]) if args else Path("schemas")
+    target.mkdir(parents=True, exist_ok=True)
+    for name, text in render().items():
+        (target / name).write_text(text, encoding="utf-8")
+        print(f"wrote {target / name}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

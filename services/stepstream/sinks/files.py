@@ -1,0 +1,369 @@
+"""``file:///dir``: append-only JSON lines, one file per record type.
+
+Layout of ``dir`` (created if missing)::
+
+    run-steps.jsonl    StepRecord lines  (step store)
+    runs.jsonl         RunRecord lines   (step store)
+    run-state.jsonl    RunState lines    (step store)
+    run-steps.lock     serialises step-store writers (flock)
+    deep-trace.jsonl   DeepRecord lines as written, after the port clip (deep store)
+    deep-trace.lock    serialises deep-store writers and rewrites (flock)
+
+A line is the msgspec JSON of one *write*, not of a row: a reader folds the lines
+in order with the port's merge (field by field, sticky ``clipped``, positional
+reasoning), so the last write wins per key. A step-store batch appends its steps,
+then its runs, then its states, so a crash never leaves a state ahead of its rows.
+
+**Many processes.** Writers take an exclusive ``flock`` on the lock file, append
+the whole batch with one ``write``, and close; if the file does not end in a
+newline (a writer died mid-line) the next writer starts on a fresh line first.
+Readers take no lock: each store instance follows the files incrementally from
+the last complete line it saw and ignores a torn final line (it is read once
+completed). A line that is not valid JSON is counted (``bad_lines``) and skipped.
+
+**Purge and prune** rewrite ``deep-trace.jsonl`` without the dropped runs under
+the lock (temporary file, fsync, atomic ``os.replace``), so the bodies are gone
+from the file, not just hidden. A reader notices the new file by its inode and
+reloads it.
+
+Durability is the page cache (flush, no fsync per batch): a killed process loses
+nothing it wrote, a power cut may lose the tail. Every read refolds only what
+was appended since the last read, but the whole folded store lives in memory:
+this backend is for tests, backfills and small single-host installs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import os
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Generic, TypeVar
+
+import msgspec
+
+from stepstream.core.records import DeepRecord, RunRecord, RunState, StepRecord
+from stepstream.errors import SinkError
+from stepstream.sinks.ports import Capabilities, RunsPage
+from stepstream.sinks.semantics import (
+    apply_deep,
+    check_keep,
+    check_limit,
+    clip_batch,
+    decode_cursor,
+    merge_step,
+    newest_first,
+    page,
+    run_sort_key,
+)
+
+CAPABILITIES = Capabilities(atomic_batch=False, shared_storage=True)
+
+STEPS_FILE = "run-steps.jsonl"
+RUNS_FILE = "runs.jsonl"
+STATES_FILE = "run-state.jsonl"
+DEEP_FILE = "deep-trace.jsonl"
+
+T = TypeVar("T")
+RunKey = tuple[str, str]
+
+_encoder = msgspec.json.Encoder()
+
+
+class _RunKeyOnly(msgspec.Struct):
+    company_id: str
+    run_id: str
+
+
+_key_decoder = msgspec.json.Decoder(_RunKeyOnly)
+
+
+class _Folded(Generic[T]):
+    """One JSON-lines file folded into ``rows[(company_id, run_id)]``, read incrementally.
+
+    ``fold(rows_of_run, record)`` applies one line to the run's rows."""
+
+    def __init__(self, path: Path, record_type: type[T], fold: Callable[[dict[RunKey, Any], T], None]) -> None:
+        self.path = path
+        self._decoder = msgspec.json.Decoder(record_type)
+        self._fold = fold
+        self._file: Any = None
+        self._offset = 0
+        self.rows: dict[RunKey, Any] = {}
+        self.bad_lines = 0
+
+    def refresh(self) -> None:
+        """Fold every complete line appended since the last call."""
+        try:
+            inode = os.stat(self.path).st_ino
+        except FileNotFoundError:
+            self._reset(None)
+            return
+        if self._file is None or os.fstat(self._file.fileno()).st_ino != inode:
+            self._reset(open(self.path, "rb"))  # noqa: SIM115 - held open to pin the inode
+        self._file.seek(self._offset)
+        data = self._file.read()
+        end = data.rfind(b"\n") + 1
+        if not end:
+            return
+        self._offset += end
+        for line in data[:end].split(b"\n"):
+            if not line:
+                continue
+            try:
+                record = self._decoder.decode(line)
+            except msgspec.DecodeError:
+                self.bad_lines += 1
+                continue
+            self._fold(self.rows, record)
+
+    def adopt(self, rows: dict[RunKey, Any]) -> None:
+        """After our own rewrite under the lock: the new file holds exactly ``rows``."""
+        self._reset(open(self.path, "rb"))  # noqa: SIM115
+        self._offset = os.fstat(self._file.fileno()).st_size
+        self.rows = rows
+
+    def _reset(self, file: Any) -> None:
+        if self._file is not None:
+            self._file.close()
+        self._file, self._offset, self.rows, self.bad_lines = file, 0, {}, 0
+
+    def close(self) -> None:
+        self._reset(None)
+
+
+def _fold_step(rows: dict[RunKey, Any], step: StepRecord) -> None:
+    run = rows.setdefault((step.company_id, step.run_id), {})
+    run[step.step_seq] = merge_step(run.get(step.step_seq), step)
+
+
+def _fold_whole(rows: dict[RunKey, Any], record: RunRecord | RunState) -> None:
+    rows[(record.company_id, record.run_id)] = record
+
+
+def _fold_deep(rows: dict[RunKey, Any], deep: DeepRecord) -> None:
+    run = rows.setdefault((deep.company_id, deep.run_id), {})
+    run[deep.step_seq] = apply_deep(run.get(deep.step_seq), deep)
+
+
+class _Directory:
+    """The lock file and the append primitive shared by both file stores."""
+
+    def __init__(self, root: Path, lock_name: str) -> None:
+        self.root = root
+        self._lock_path = root / lock_name
+        self.mutex = threading.Lock()  # this instance's threads; flock covers the rest
+
+    @contextmanager
+    def locked(self) -> Iterator[None]:
+        with open(self._lock_path, "a+b") as lock:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
+
+    def append(self, name: str, data: bytes) -> None:
+        with open(self.root / name, "a+b") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size and os.pread(f.fileno(), 1, size - 1) != b"\n":
+                data = b"\n" + data  # a writer died mid-line: never glue onto its tail
+            f.write(data)
+
+
+def _lines(records: Sequence[Any]) -> bytes:
+    return _encoder.encode_lines(records)
+
+
+def _as_sink_error(exc: OSError) -> SinkError:
+    return SinkError(f"file sink: {exc}")
+
+
+class FileStepStore:
+    """The step store over ``run-steps.jsonl``, ``runs.jsonl`` and ``run-state.jsonl``."""
+
+    capabilities = CAPABILITIES
+
+    def __init__(self, root: Path) -> None:
+        self._dir = _Directory(root, "run-steps.lock")
+        self._steps = _Folded(root / STEPS_FILE, StepRecord, _fold_step)
+        self._runs = _Folded(root / RUNS_FILE, RunRecord, _fold_whole)
+        self._states = _Folded(root / STATES_FILE, RunState, _fold_whole)
+
+    async def write(
+        self,
+        steps: Sequence[StepRecord],
+        runs: Sequence[RunRecord] = (),
+        states: Sequence[RunState] = (),
+    ) -> None:
+        batches = [(name, _lines(rs)) for name, rs in ((STEPS_FILE, steps), (RUNS_FILE, runs), (STATES_FILE, states)) if rs]
+        if batches:
+            await asyncio.to_thread(self._append, batches)
+
+    def _append(self, batches: list[tuple[str, bytes]]) -> None:
+        try:
+            with self._dir.mutex, self._dir.locked():
+                for name, data in batches:  # steps, runs, then states: states last
+                    self._dir.append(name, data)
+        except OSError as exc:
+            raise _as_sink_error(exc) from exc
+
+    def _read(self, table: _Folded[Any], pick: Callable[[dict[RunKey, Any]], T]) -> T:
+        with self._dir.mutex:
+            try:
+                table.refresh()
+            except OSError as exc:
+                raise _as_sink_error(exc) from exc
+            return pick(table.rows)
+
+    async def load_states(self, company_id: str, run_ids: Sequence[str]) -> dict[str, RunState]:
+        def pick(rows: dict[RunKey, RunState]) -> dict[str, RunState]:
+            return {r: rows[(company_id, r)] for r in run_ids if (company_id, r) in rows}
+
+        return await asyncio.to_thread(self._read, self._states, pick)
+
+    async def get_run(self, company_id: str, run_id: str) -> RunRecord | None:
+        return await asyncio.to_thread(self._read, self._runs, lambda rows: rows.get((company_id, run_id)))
+
+    async def list_runs(self, company_id: str, *, limit: int = 50, before: str | None = None) -> list[RunRecord]:
+        return (await self.list_runs_page(company_id, limit=limit, before=before)).runs
+
+    async def list_runs_page(self, company_id: str, *, limit: int = 50, before: str | None = None) -> RunsPage:
+        check_limit(limit)
+        after = decode_cursor(before) if before is not None else None
+
+        def pick(rows: dict[RunKey, RunRecord]) -> list[RunRecord]:
+            return [r for (c, _), r in rows.items() if c == company_id and (after is None or run_sort_key(r) < after)]
+
+        runs = await asyncio.to_thread(self._read, self._runs, pick)
+        runs.sort(key=run_sort_key, reverse=True)
+        return RunsPage(*page(runs[: limit + 1], limit))
+
+    async def get_steps(self, company_id: str, run_id: str) -> list[StepRecord]:
+        def pick(rows: dict[RunKey, dict[int, StepRecord]]) -> list[StepRecord]:
+            run = rows.get((company_id, run_id), {})
+            return [run[seq] for seq in sorted(run)]
+
+        return await asyncio.to_thread(self._read, self._steps, pick)
+
+    async def close(self) -> None:
+        with self._dir.mutex:
+            for table in (self._steps, self._runs, self._states):
+                table.close()
+
+
+class FileDeepStore:
+    """The deep store over ``deep-trace.jsonl``."""
+
+    capabilities = CAPABILITIES
+
+    def __init__(self, root: Path, limits: object | None = None) -> None:
+        self._dir = _Directory(root, "deep-trace.lock")
+        self._deep = _Folded(root / DEEP_FILE, DeepRecord, _fold_deep)
+        self._limits = limits
+
+    @property
+    def bad_lines(self) -> int:
+        """Lines of ``deep-trace.jsonl`` that were not valid records (torn by a crash)."""
+        return self._deep.bad_lines
+
+    async def write(self, deeps: Sequence[DeepRecord]) -> None:
+        if deeps:
+            data = _lines(clip_batch(deeps, self._limits))
+            await asyncio.to_thread(self._append, data)
+
+    def _append(self, data: bytes) -> None:
+        try:
+            with self._dir.mutex, self._dir.locked():
+                self._dir.append(DEEP_FILE, data)
+        except OSError as exc:
+            raise _as_sink_error(exc) from exc
+
+    def _read(self, pick: Callable[[dict[RunKey, dict[int, DeepRecord]]], T]) -> T:
+        with self._dir.mutex:
+            try:
+                self._deep.refresh()
+            except OSError as exc:
+                raise _as_sink_error(exc) from exc
+            return pick(self._deep.rows)
+
+    async def get_deep(self, company_id: str, run_id: str) -> list[DeepRecord]:
+        def pick(rows: dict[RunKey, dict[int, DeepRecord]]) -> list[DeepRecord]:
+            run = rows.get((company_id, run_id), {})
+            return [run[seq] for seq in sorted(run)]
+
+        return await asyncio.to_thread(self._read, pick)
+
+    async def list_deep_runs(self, company_id: str) -> list[tuple[str, str]]:
+        return await asyncio.to_thread(self._read, lambda rows: _deep_runs(rows, company_id))
+
+    async def purge_run(self, company_id: str, run_id: str) -> int:
+        dropped = await asyncio.to_thread(self._drop, lambda rows: [(company_id, run_id)] if (company_id, run_id) in rows else [])
+        return sum(dropped.values())
+
+    async def purge_company(self, company_id: str) -> int:
+        dropped = await asyncio.to_thread(self._drop, lambda rows: [k for k in rows if k[0] == company_id])
+        return sum(dropped.values())
+
+    async def prune(self, company_id: str, keep: int) -> list[str]:
+        check_keep(keep)
+
+        def choose(rows: dict[RunKey, dict[int, DeepRecord]]) -> list[RunKey]:
+            return [(company_id, run_id) for run_id, _ in _deep_runs(rows, company_id)[keep:]]
+
+        dropped = await asyncio.to_thread(self._drop, choose)
+        return [run_id for _, run_id in dropped]
+
+    def _drop(self, choose: Callable[[dict[RunKey, dict[int, DeepRecord]]], list[RunKey]]) -> dict[RunKey, int]:
+        """Under the lock: fold to the end, pick the runs, rewrite the file without them.
+        Returns ``{run key: rows removed}`` in the order chosen."""
+        try:
+            with self._dir.mutex, self._dir.locked():
+                self._deep.refresh()
+                rows = self._deep.rows
+                keys = choose(rows)
+                if not keys:
+                    return {}
+                dropped = {key: len(rows[key]) for key in keys}
+                self._rewrite_without(set(keys))
+                self._deep.adopt({k: v for k, v in rows.items() if k not in dropped})
+                return dropped
+        except OSError as exc:
+            raise _as_sink_error(exc) from exc
+
+    def _rewrite_without(self, drop: set[RunKey]) -> None:
+        path = self._dir.root / DEEP_FILE
+        tmp = path.with_name(f".{DEEP_FILE}.{os.getpid()}.tmp")
+        with open(path, "rb") as src, open(tmp, "wb") as dst:
+            for line in src:
+                if not line.endswith(b"\n"):
+                    break  # a torn tail: garbage that no reader ever folded
+                try:
+                    key = _key_decoder.decode(line)
+                except msgspec.DecodeError:
+                    continue
+                if (key.company_id, key.run_id) not in drop:
+                    dst.write(line)
+            dst.flush()
+            os.fsync(dst.fileno())
+        os.replace(tmp, path)
+
+    async def close(self) -> None:
+        with self._dir.mutex:
+            self._deep.close()
+
+
+def _deep_runs(rows: dict[RunKey, dict[int, DeepRecord]], company_id: str) -> list[tuple[str, str]]:
+    return newest_first({r: max(d.ts for d in run.values()) for (c, r), run in rows.items() if c == company_id and run})
+
+
+def open_directory(path: str) -> Path:
+    root = Path(path)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise SinkError(f"file sink: cannot create {root}: {exc}") from exc
+    return root

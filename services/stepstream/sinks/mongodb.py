@@ -1,0 +1,345 @@
+"""``mongodb://host:port/db``: MongoDB or a MongoDB-wire server (FerretDB), via
+pymongo's async client. An optional extra: ``pip install 'stepstream[mongodb]'``.
+
+The database is the URL's path (default ``stepstream``); other URL options are
+pymongo's. Collections and indexes (created at open, idempotently)::
+
+    run_steps         unique (company_id, run_id, step_seq)
+    run_step_details  unique (company_id, run_id, step_seq);
+                      recency (company_id, run_id, ts)
+    runs              unique (company_id, run_id);
+                      recency (company_id, recency desc, run_id desc)
+    run_state         unique (company_id, run_id)
+
+Documents hold the record's fields, with two choices: ``run_steps.arguments``
+is JSON *text* and ``run_state.state`` is the whole RunState as JSON text,
+because free-form keys (``$ref``, ``a.b``, ``tool:call.1``) are not safe BSON
+field names everywhere and integers beyond int64 are not BSON at all.
+
+**Writes.** A step is ``UpdateOne({key}, {$set: its non-None fields}, upsert)``;
+run records and states are ``ReplaceOne(upsert)``; each kind is one ordered
+``bulk_write`` and the states go last (there are no multi-document transactions
+without a replica set, and none at all in FerretDB 1.x).
+
+A deep row is ``UpdateOne`` too, with ``clipped`` sticky (``$set`` only when
+true, ``$setOnInsert`` false otherwise). The positional reasoning merge needs
+``stored[:offset] + written``; MongoDB would do it with an update pipeline
+(``$substrCP``/``$concat``) but FerretDB 1.x rejects pipeline updates, so the
+adapter reads the stored reasoning of the rows whose first chunk in the batch
+starts past 0 (one ``find`` per batch) and ``$set`` s the merged text. That is a
+read-modify-write: correct because one run is written by one worker at a time
+(Kafka partitioning), and this store serialises its own deep writes.
+
+**Retention.** FerretDB 1.x implements only ``$count``/``$sum`` accumulators in
+``$group``, so ``list_deep_runs`` reads ``(run_id, ts)`` through the covering
+recency index and takes the maximum per run here. ``prune`` ranks, then deletes
+the dropped runs with one ``delete_many``; without transactions, a crash in the
+middle can leave a dropped run partly deleted until the next prune finishes it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+import msgspec
+
+from stepstream.core.records import DeepRecord, RunRecord, RunState, StepRecord
+from stepstream.errors import ConfigError, SinkError, SinkUnavailable
+from stepstream.sinks.ports import Capabilities, RunsPage
+from stepstream.sinks.semantics import (
+    apply_reasoning,
+    check_keep,
+    check_limit,
+    clip_batch,
+    decode_cursor,
+    newest_first,
+    page,
+    recency,
+)
+
+try:
+    import pymongo
+    from pymongo import AsyncMongoClient, ReplaceOne, UpdateOne
+    from pymongo.errors import ConnectionFailure, PyMongoError
+except ImportError as exc:
+    raise ConfigError("the mongodb sink needs pymongo: pip install 'stepstream[mongodb]'") from exc
+
+CAPABILITIES = Capabilities(atomic_batch=False, shared_storage=True)
+DEFAULT_DATABASE = "stepstream"
+
+_json = msgspec.json.Encoder()
+_state_decoder = msgspec.json.Decoder(RunState)
+_to_builtins = msgspec.to_builtins
+_NO_ID = {"_id": 0}
+
+StepKey = tuple[str, str, int]
+
+
+@asynccontextmanager
+async def _translated(what: str) -> AsyncIterator[None]:
+    """pymongo errors as the sink error tree: connection trouble is retriable."""
+    try:
+        yield
+    except ConnectionFailure as exc:
+        raise SinkUnavailable(f"mongodb sink: {what}: {exc}") from exc
+    except PyMongoError as exc:
+        raise SinkError(f"mongodb sink: {what}: {exc}") from exc
+
+
+class _Connection:
+    """One client and its database, shared by the collections of one store."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.client: Any = None
+        self.db: Any = None
+
+    async def open(self, indexes: dict[str, list[tuple[list[tuple[str, int]], dict[str, Any]]]]) -> None:
+        async with _translated("open"):
+            try:
+                self.client = AsyncMongoClient(self.url)
+            except pymongo.errors.ConfigurationError as exc:
+                raise ConfigError(f"bad mongodb URL: {exc}") from exc
+            self.db = self.client.get_default_database(default=DEFAULT_DATABASE)
+            await self.db.command("ping")
+            for collection, specs in indexes.items():
+                for keys, options in specs:
+                    await self.db[collection].create_index(keys, **options)
+
+    async def close(self) -> None:
+        if self.client is not None:
+            await self.client.close()
+        self.client = self.db = None
+
+    def __getitem__(self, collection: str) -> Any:
+        if self.db is None:
+            raise SinkError("mongodb sink: store is closed")
+        return self.db[collection]
+
+
+_KEY3 = [("company_id", 1), ("run_id", 1), ("step_seq", 1)]
+_KEY2 = [("company_id", 1), ("run_id", 1)]
+
+STEP_INDEXES = {
+    "run_steps": [(_KEY3, {"unique": True, "name": "key"})],
+    "runs": [
+        (_KEY2, {"unique": True, "name": "key"}),
+        ([("company_id", 1), ("recency", -1), ("run_id", -1)], {"name": "recency"}),
+    ],
+    "run_state": [(_KEY2, {"unique": True, "name": "key"})],
+}
+DEEP_INDEXES = {
+    "run_step_details": [
+        (_KEY3, {"unique": True, "name": "key"}),
+        ([("company_id", 1), ("run_id", 1), ("ts", 1)], {"name": "recency"}),
+    ],
+}
+
+
+def _step_op(step: StepRecord) -> Any:
+    fields = _to_builtins(step)  # omit_defaults: the None fields (which keep) are absent
+    if step.arguments is not None:
+        fields["arguments"] = _json.encode(step.arguments).decode()
+    return UpdateOne({"company_id": step.company_id, "run_id": step.run_id, "step_seq": step.step_seq}, {"$set": fields}, upsert=True)
+
+
+def _run_op(run: RunRecord) -> Any:
+    doc = _to_builtins(run)
+    doc["recency"] = recency(run)
+    return ReplaceOne({"company_id": run.company_id, "run_id": run.run_id}, doc, upsert=True)
+
+
+def _state_op(state: RunState) -> Any:
+    doc = {"company_id": state.company_id, "run_id": state.run_id, "state": _json.encode(state).decode()}
+    return ReplaceOne({"company_id": state.company_id, "run_id": state.run_id}, doc, upsert=True)
+
+
+def _step(doc: dict[str, Any]) -> StepRecord:
+    arguments = doc.pop("arguments", None)
+    step = msgspec.convert(doc, StepRecord)
+    if arguments is not None:
+        step.arguments = msgspec.json.decode(arguments)
+    return step
+
+
+def _run(doc: dict[str, Any]) -> RunRecord:
+    return msgspec.convert(doc, RunRecord)
+
+
+def _deep(doc: dict[str, Any]) -> DeepRecord:
+    return msgspec.convert(doc, DeepRecord)
+
+
+class MongoStepStore:
+    """Steps, runs and states in a MongoDB database; states written last."""
+
+    capabilities = CAPABILITIES
+
+    def __init__(self, url: str) -> None:
+        self._conn = _Connection(url)
+
+    async def open(self) -> MongoStepStore:
+        try:
+            await self._conn.open(STEP_INDEXES)
+        except BaseException:
+            await self._conn.close()
+            raise
+        return self
+
+    async def write(
+        self,
+        steps: Sequence[StepRecord],
+        runs: Sequence[RunRecord] = (),
+        states: Sequence[RunState] = (),
+    ) -> None:
+        async with _translated("write"):
+            if steps:
+                await self._conn["run_steps"].bulk_write([_step_op(s) for s in steps], ordered=True)
+            if runs:
+                await self._conn["runs"].bulk_write([_run_op(r) for r in runs], ordered=True)
+            if states:
+                await self._conn["run_state"].bulk_write([_state_op(s) for s in states], ordered=True)
+
+    async def load_states(self, company_id: str, run_ids: Sequence[str]) -> dict[str, RunState]:
+        if not run_ids:
+            return {}
+        async with _translated("load_states"):
+            cursor = self._conn["run_state"].find({"company_id": company_id, "run_id": {"$in": list(run_ids)}}, _NO_ID)
+            return {doc["run_id"]: _state_decoder.decode(doc["state"]) async for doc in cursor}
+
+    async def get_run(self, company_id: str, run_id: str) -> RunRecord | None:
+        async with _translated("get_run"):
+            doc = await self._conn["runs"].find_one({"company_id": company_id, "run_id": run_id}, _NO_ID)
+        return _run(doc) if doc is not None else None
+
+    async def list_runs(self, company_id: str, *, limit: int = 50, before: str | None = None) -> list[RunRecord]:
+        return (await self.list_runs_page(company_id, limit=limit, before=before)).runs
+
+    async def list_runs_page(self, company_id: str, *, limit: int = 50, before: str | None = None) -> RunsPage:
+        check_limit(limit)
+        query: dict[str, Any] = {"company_id": company_id}
+        if before is not None:
+            after_recency, after_run = decode_cursor(before)
+            query["$or"] = [{"recency": {"$lt": after_recency}}, {"recency": after_recency, "run_id": {"$lt": after_run}}]
+        async with _translated("list_runs"):
+            cursor = self._conn["runs"].find(query, _NO_ID).sort([("recency", -1), ("run_id", -1)]).limit(limit + 1)
+            runs = [_run(doc) async for doc in cursor]
+        return RunsPage(*page(runs, limit))
+
+    async def get_steps(self, company_id: str, run_id: str) -> list[StepRecord]:
+        async with _translated("get_steps"):
+            cursor = self._conn["run_steps"].find({"company_id": company_id, "run_id": run_id}, _NO_ID).sort("step_seq", 1)
+            return [_step(doc) async for doc in cursor]
+
+    async def close(self) -> None:
+        await self._conn.close()
+
+
+class MongoDeepStore:
+    """Deep rows in ``run_step_details``; clipped at the port; see the module doc
+    for the read-modify-write of positional reasoning."""
+
+    capabilities = CAPABILITIES
+
+    def __init__(self, url: str, limits: object | None = None) -> None:
+        self._conn = _Connection(url)
+        self._limits = limits
+        self._write_lock = asyncio.Lock()
+
+    async def open(self) -> MongoDeepStore:
+        try:
+            await self._conn.open(DEEP_INDEXES)
+        except BaseException:
+            await self._conn.close()
+            raise
+        return self
+
+    async def write(self, deeps: Sequence[DeepRecord]) -> None:
+        if not deeps:
+            return
+        deeps = clip_batch(deeps, self._limits)
+        async with self._write_lock, _translated("write"):
+            current = await self._stored_reasoning(deeps)
+            ops = []
+            for d in deeps:
+                key = (d.company_id, d.run_id, d.step_seq)
+                fields: dict[str, Any] = {"kind": d.kind, "ts": d.ts}
+                if d.reasoning is not None:
+                    text = apply_reasoning(current.get(key), d.reasoning_offset, d.reasoning)
+                    fields["reasoning"] = current[key] = text
+                if d.arguments is not None:
+                    fields["arguments"] = d.arguments
+                if d.output is not None:
+                    fields["output"] = d.output
+                update: dict[str, Any] = {"$set": fields}
+                if d.clipped:
+                    fields["clipped"] = True
+                else:
+                    update["$setOnInsert"] = {"clipped": False}
+                ops.append(UpdateOne({"company_id": key[0], "run_id": key[1], "step_seq": key[2]}, update, upsert=True))
+            await self._conn["run_step_details"].bulk_write(ops, ordered=True)
+
+    async def _stored_reasoning(self, deeps: Sequence[DeepRecord]) -> dict[StepKey, str | None]:
+        """Stored reasoning of the rows whose first reasoning write in this batch
+        starts past 0 (the only ones whose merge needs the stored text)."""
+        first: dict[StepKey, bool] = {}
+        for d in deeps:
+            if d.reasoning is not None:
+                first.setdefault((d.company_id, d.run_id, d.step_seq), d.reasoning_offset > 0)
+        wanted: dict[tuple[str, str], list[int]] = {}
+        for (company_id, run_id, step_seq), needs in first.items():
+            if needs:
+                wanted.setdefault((company_id, run_id), []).append(step_seq)
+        if not wanted:
+            return {}
+        query = {
+            "$or": [
+                {"company_id": company_id, "run_id": run_id, "step_seq": {"$in": seqs}}
+                for (company_id, run_id), seqs in wanted.items()
+            ]
+        }
+        projection = {"_id": 0, "company_id": 1, "run_id": 1, "step_seq": 1, "reasoning": 1}
+        cursor = self._conn["run_step_details"].find(query, projection)
+        return {(doc["company_id"], doc["run_id"], doc["step_seq"]): doc.get("reasoning") async for doc in cursor}
+
+    async def get_deep(self, company_id: str, run_id: str) -> list[DeepRecord]:
+        async with _translated("get_deep"):
+            cursor = self._conn["run_step_details"].find({"company_id": company_id, "run_id": run_id}, _NO_ID).sort("step_seq", 1)
+            return [_deep(doc) async for doc in cursor]
+
+    async def list_deep_runs(self, company_id: str) -> list[tuple[str, str]]:
+        async with _translated("list_deep_runs"):
+            return await self._deep_runs(company_id)
+
+    async def _deep_runs(self, company_id: str) -> list[tuple[str, str]]:
+        last: dict[str, str] = {}
+        cursor = self._conn["run_step_details"].find({"company_id": company_id}, {"_id": 0, "run_id": 1, "ts": 1})
+        async for doc in cursor:
+            run_id, ts = doc["run_id"], doc["ts"]
+            if run_id not in last or ts > last[run_id]:
+                last[run_id] = ts
+        return newest_first(last)
+
+    async def purge_run(self, company_id: str, run_id: str) -> int:
+        async with _translated("purge_run"):
+            result = await self._conn["run_step_details"].delete_many({"company_id": company_id, "run_id": run_id})
+        return result.deleted_count
+
+    async def purge_company(self, company_id: str) -> int:
+        async with _translated("purge_company"):
+            result = await self._conn["run_step_details"].delete_many({"company_id": company_id})
+        return result.deleted_count
+
+    async def prune(self, company_id: str, keep: int) -> list[str]:
+        check_keep(keep)
+        async with self._write_lock, _translated("prune"):
+            dropped = [run_id for run_id, _ in (await self._deep_runs(company_id))[keep:]]
+            if dropped:
+                await self._conn["run_step_details"].delete_many({"company_id": company_id, "run_id": {"$in": dropped}})
+        return dropped
+
+    async def close(self) -> None:
+        await self._conn.close()

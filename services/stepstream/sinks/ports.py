@@ -1,0 +1,156 @@
+"""The store ports: what the engine, the compactor and the read API need from a sink.
+
+Three small Protocols, each satisfied by every backend (``memory``, ``files``,
+``sqlite``, ``mongodb``):
+
+* :class:`StepStore` holds the operator view: steps, run records and the per-run
+  fold state (:class:`~stepstream.core.records.RunState`).
+* :class:`DeepStore` holds the unredacted bodies (it holds secrets, by design).
+* :class:`RetentionStore` is the part of the deep store that retention and purge
+  use; every ``DeepStore`` backend satisfies it too.
+
+**Company scope.** Every read and every purge takes ``company_id`` and never
+returns or touches a row of another company, also when two companies use the
+same ``run_id``. An unknown run reads empty (``None`` / ``[]`` / ``{}``), exactly
+like another company's run.
+
+**Write semantics** are those of ``core.records``: a write replaces on its key
+``(company_id, run_id, step_seq)`` field by field (``None`` keeps the stored
+value); ``DeepRecord.clipped`` is sticky; ``DeepRecord.reasoning`` is
+positional (``stored[:reasoning_offset] + written``). Run records and run states
+replace whole on ``(company_id, run_id)``. Records of one ``write`` call apply
+in the order given, so two writes to one key in a batch behave like two calls.
+Writing the same batch twice gives the same rows (idempotent).
+
+**Durability and order.** ``StepStore.write`` is one transaction where the
+backend has them (SQLite): the steps, run records and states of a batch become
+durable together or not at all. Where it has none (MongoDB/FerretDB, files) the
+states are written last, so a crash leaves rows that a replay rewrites
+identically, never a state that claims more than is stored. The engine writes a
+batch's deep records *before* the step batch that carries its states.
+
+**Bounds.** ``DeepStore.write`` clips every body to the caps before any backend
+sees it (``core.caps``), so no backend can store more than the caps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
+
+import msgspec
+
+from stepstream.core.records import DeepRecord, RunRecord, RunState, StepRecord
+from stepstream.errors import SinkError
+
+
+class Capabilities(msgspec.Struct, frozen=True, kw_only=True):
+    """What a backend can and cannot do; the conformance suite turns a ``False``
+    into a strict ``xfail`` of the behaviour it names, never an ``isinstance``.
+
+    ``atomic_batch``: a write call is all-or-nothing (one transaction).
+    ``shared_storage``: two store instances opened on the same URL (also from two
+    processes) see each other's writes.
+    """
+
+    atomic_batch: bool
+    shared_storage: bool
+
+
+class RunsPage(msgspec.Struct, frozen=True):
+    """One page of :meth:`StepStore.list_runs_page`: runs most recent first, and
+    the cursor for the next (older) page, ``None`` when this is the last one."""
+
+    runs: list[RunRecord]
+    next_cursor: str | None
+
+
+class InvalidCursor(SinkError, ValueError):
+    """A ``before`` cursor this store did not make (a client error, not a fault)."""
+
+
+@runtime_checkable
+class StepStore(Protocol):
+    """Steps, run records and run states.
+
+    Runs are ordered most recent first by ``(started_at or last_event_at, run_id)``;
+    a run with neither sorts last. Cursors are opaque strings, stable across
+    backends and store instances."""
+
+    capabilities: Capabilities
+
+    async def write(
+        self,
+        steps: Sequence[StepRecord],
+        runs: Sequence[RunRecord] = (),
+        states: Sequence[RunState] = (),
+    ) -> None:
+        """Upsert a batch: steps field by field, run records and states whole.
+        Atomic where ``capabilities.atomic_batch``; otherwise states go last."""
+        ...
+
+    async def load_states(self, company_id: str, run_ids: Sequence[str]) -> dict[str, RunState]:
+        """The stored states of those runs of this company; unknown runs are absent."""
+        ...
+
+    async def get_run(self, company_id: str, run_id: str) -> RunRecord | None: ...
+
+    async def list_runs(self, company_id: str, *, limit: int = 50, before: str | None = None) -> list[RunRecord]:
+        """At most ``limit`` (>= 1) runs, most recent first, older than cursor ``before``."""
+        ...
+
+    async def list_runs_page(self, company_id: str, *, limit: int = 50, before: str | None = None) -> RunsPage:
+        """:meth:`list_runs` plus the cursor of the next page. Raises
+        :class:`InvalidCursor` for a cursor that no store made."""
+        ...
+
+    async def get_steps(self, company_id: str, run_id: str) -> list[StepRecord]:
+        """The run's steps in ordinal (``step_seq``) order, whatever the write order."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+@runtime_checkable
+class RetentionStore(Protocol):
+    """What retention and purge need: runs by recency, whole-run deletion.
+
+    A run's recency is the largest ``ts`` among its deep rows. Deleting bodies never
+    touches a step, a run record or a state (those live in the :class:`StepStore`)."""
+
+    async def list_deep_runs(self, company_id: str) -> list[tuple[str, str]]:
+        """``(run_id, last ts)`` of every run holding bodies, newest first
+        (ties: larger ``run_id`` first)."""
+        ...
+
+    async def purge_run(self, company_id: str, run_id: str) -> int:
+        """Delete one run's bodies; returns how many rows went (0 when repeated)."""
+        ...
+
+    async def purge_company(self, company_id: str) -> int:
+        """Delete every body of the company; returns how many rows went."""
+        ...
+
+    async def prune(self, company_id: str, keep: int) -> list[str]:
+        """Drop the bodies of all but the newest ``keep`` runs of the company,
+        whole runs only, in one transaction where the backend has them. Returns the
+        run ids dropped, newest first."""
+        ...
+
+
+@runtime_checkable
+class DeepStore(RetentionStore, Protocol):
+    """The unredacted companions. Company-scoped like every port; clipped at the port."""
+
+    capabilities: Capabilities
+
+    async def write(self, deeps: Sequence[DeepRecord]) -> None:
+        """Clip to the caps, then upsert with the deep merge (positional reasoning,
+        sticky ``clipped``). Atomic where ``capabilities.atomic_batch``."""
+        ...
+
+    async def get_deep(self, company_id: str, run_id: str) -> list[DeepRecord]:
+        """The merged rows of the run in ordinal order, each with ``reasoning_offset`` 0."""
+        ...
+
+    async def close(self) -> None: ...

@@ -1,0 +1,135 @@
+"""Concurrent writers to different runs lose nothing: tasks on one store, two store
+instances on the same storage, and a second process writing while we read."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import textwrap
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+from sink_support import COMPANY, deep, run, state, step, ts
+
+import stepstream
+from stepstream.sinks import DeepStore, StepStore
+
+CHUNK = 40
+BATCHES = 12
+
+
+def _reasoning(run_id: str) -> str:
+    return "".join(f"[{run_id}:{i}:\U0001f9e0]" for i in range(BATCHES * 8))
+
+
+async def _write_run(step_store: StepStore, deep_store: DeepStore, run_id: str) -> None:
+    """One run written the way the engine writes it: thinking flushed in positional
+    chunks, a tool call then its result, the run record and its state every batch."""
+    text = _reasoning(run_id)
+    size = len(text) // BATCHES + 1
+    for b in range(BATCHES):
+        chunk = text[b * size : (b + 1) * size]
+        await deep_store.write(
+            [
+                deep(0, run_id, kind="thinking", reasoning=chunk, reasoning_offset=b * size, at=b),
+                deep(b + 1, run_id, arguments=f'{{"b":{b}}}', at=b),
+                deep(b + 1, run_id, output=f'"out {run_id} {b}"', at=b),
+            ]
+        )
+        await step_store.write(
+            [step(0, run_id, kind="thinking", started_at=ts(0)), step(b + 1, run_id, label=f"call {b}", status="running")]
+            + [step(b + 1, run_id, status="ok", ended_at=ts(b))],
+            [run(run_id, started_at=ts(0), step_count=b + 2)],
+            [state(run_id, last_seq=b, next_ordinal=b + 2)],
+        )
+        await asyncio.sleep(0)
+
+
+async def _assert_run_complete(step_store: StepStore, deep_store: DeepStore, run_id: str) -> None:
+    got_deep = await deep_store.get_deep(COMPANY, run_id)
+    assert got_deep[0].reasoning == _reasoning(run_id), run_id
+    assert [(d.step_seq, d.arguments, d.output) for d in got_deep[1:]] == [
+        (b + 1, f'{{"b":{b}}}', f'"out {run_id} {b}"') for b in range(BATCHES)
+    ]
+    got_steps = await step_store.get_steps(COMPANY, run_id)
+    assert [(s.step_seq, s.label, s.status) for s in got_steps[1:]] == [(b + 1, f"call {b}", "ok") for b in range(BATCHES)]
+    assert (await step_store.get_run(COMPANY, run_id)).step_count == BATCHES + 1
+    assert (await step_store.load_states(COMPANY, [run_id]))[run_id].last_seq == BATCHES - 1
+
+
+async def test_concurrent_writers_to_different_runs_lose_nothing(step_store: StepStore, deep_store: DeepStore) -> None:
+    run_ids = [f"run-{i}" for i in range(CHUNK)]
+    await asyncio.gather(*(_write_run(step_store, deep_store, r) for r in run_ids))
+    for run_id in run_ids:
+        await _assert_run_complete(step_store, deep_store, run_id)
+    assert len(await step_store.list_runs(COMPANY, limit=1000)) == CHUNK
+    assert len(await deep_store.list_deep_runs(COMPANY)) == CHUNK
+
+
+async def test_two_store_instances_on_the_same_storage(
+    open_steps: Callable[[], Awaitable[StepStore]],
+    open_deep: Callable[[], Awaitable[DeepStore]],
+    needs: Callable[[object, str], None],
+) -> None:
+    first = (await open_steps(), await open_deep())
+    second = (await open_steps(), await open_deep())
+    needs(first[0], "shared_storage")
+    run_ids = [f"run-{i}" for i in range(10)]
+    await asyncio.gather(*(_write_run(*(first if i % 2 else second), r) for i, r in enumerate(run_ids)))
+    for stores in (first, second):
+        for run_id in run_ids:
+            await _assert_run_complete(*stores, run_id)
+    # A purge through one instance is seen by the other.
+    assert await first[1].purge_run(COMPANY, "run-0") == BATCHES + 1
+    assert await second[1].get_deep(COMPANY, "run-0") == []
+    assert await second[1].purge_run(COMPANY, "run-0") == 0
+
+
+_CHILD = textwrap.dedent(
+    """
+    import asyncio, sys
+    from stepstream.sinks import open_deep_store, open_step_store
+    from stepstream.core.records import DeepRecord, StepRecord
+
+    async def main(url, count):
+        steps, deep = await open_step_store(url), await open_deep_store(url)
+        for i in range(count):
+            await deep.write([DeepRecord(company_id="acme", run_id="child", step_seq=i, kind="tool",
+                                         ts="2025-01-01T00:00:00.000000Z", output='"x"' * 500)])
+            await steps.write([StepRecord(company_id="acme", run_id="child", step_seq=i, kind="tool")])
+        await steps.close()
+        await deep.close()
+
+    asyncio.run(main(sys.argv[1], int(sys.argv[2])))
+    """
+)
+
+
+async def test_another_process_writes_while_we_read(
+    store_url: str,
+    step_store: StepStore,
+    deep_store: DeepStore,
+    needs: Callable[[object, str], None],
+) -> None:
+    needs(step_store, "shared_storage")
+    count = 150
+    services = str(Path(stepstream.__file__).resolve().parent.parent)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [services, os.environ.get("PYTHONPATH")]))}
+    child = await asyncio.create_subprocess_exec(sys.executable, "-c", _CHILD, store_url, str(count), env=env)
+    writer = asyncio.create_task(_write_run(step_store, deep_store, "parent"))
+    seen = 0
+    while child.returncode is None:
+        rows = await deep_store.get_deep(COMPANY, "child")
+        assert [d.step_seq for d in rows] == list(range(len(rows)))  # a prefix, never a torn row
+        assert all(d.output == '"x"' * 500 for d in rows)
+        seen = max(seen, len(rows))
+        try:
+            await asyncio.wait_for(child.wait(), 0.01)
+        except TimeoutError:
+            pass
+    await writer
+    assert child.returncode == 0
+    assert len(await deep_store.get_deep(COMPANY, "child")) == count
+    assert len(await step_store.get_steps(COMPANY, "child")) == count
+    await _assert_run_complete(step_store, deep_store, "parent")

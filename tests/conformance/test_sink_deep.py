@@ -1,0 +1,145 @@
+"""The deep store port: merge, positional reasoning, round trip, clipping at the port."""
+
+from __future__ import annotations
+
+import pytest
+from sink_support import COMPANY, UNICODE, deep
+
+from stepstream.sinks import DeepStore
+from stepstream.sinks.clip import ARGUMENTS_CAP, OUTPUT_CAP, REASONING_CAP
+
+
+async def rows(store: DeepStore, run: str = "r1") -> list:
+    return await store.get_deep(COMPANY, run)
+
+
+async def test_unknown_run_reads_empty(deep_store: DeepStore) -> None:
+    assert await deep_store.get_deep(COMPANY, "nope") == []
+    assert await deep_store.list_deep_runs(COMPANY) == []
+    assert await deep_store.purge_run(COMPANY, "nope") == 0
+    assert await deep_store.purge_company(COMPANY) == 0
+    assert await deep_store.prune(COMPANY, 0) == []
+
+
+async def test_out_of_order_writes_read_back_in_ordinal_order(deep_store: DeepStore) -> None:
+    await deep_store.write([deep(9), deep(2)])
+    await deep_store.write([deep(0), deep(5)])
+    assert [d.step_seq for d in await rows(deep_store)] == [0, 2, 5, 9]
+
+
+async def test_a_rewrite_replaces(deep_store: DeepStore) -> None:
+    await deep_store.write([deep(0, arguments='{"a":1}', output='"first"', at=1)])
+    await deep_store.write([deep(0, kind="llm", arguments='{"a":2}', output='"second"', at=2)])
+    assert await rows(deep_store) == [deep(0, kind="llm", arguments='{"a":2}', output='"second"', at=2)]
+
+
+@pytest.mark.parametrize("one_batch", [False, True], ids=["two-writes", "one-batch"])
+async def test_field_by_field_merge_completes_a_call_row(deep_store: DeepStore, one_batch: bool) -> None:
+    call = deep(3, arguments='{"cmd":"cat ~/.aws/credentials"}', at=1)
+    result = deep(3, output='"[default]\\naws_secret_access_key=..."', at=2)
+    if one_batch:
+        await deep_store.write([call, result])
+    else:
+        await deep_store.write([call])
+        await deep_store.write([result])
+    assert await rows(deep_store) == [deep(3, arguments=call.arguments, output=result.output, at=2)]
+
+
+async def test_clipped_is_sticky(deep_store: DeepStore) -> None:
+    await deep_store.write([deep(0, output='"x"', clipped=True)])
+    await deep_store.write([deep(0, output='"y"', clipped=False)])
+    assert (await rows(deep_store))[0].clipped is True
+    await deep_store.write([deep(1, output='"z"')])
+    assert (await rows(deep_store))[1].clipped is False
+
+
+async def test_positional_reasoning_merge(deep_store: DeepStore) -> None:
+    def chunk(text: str, offset: int, at: int = 0) -> object:
+        return deep(0, kind="thinking", reasoning=text, reasoning_offset=offset, at=at)
+
+    await deep_store.write([chunk("abc", 0)])
+    await deep_store.write([chunk("def", 3)])
+    await deep_store.write([chunk("def", 3)])  # the same chunk again (a replay): no stacking
+    assert (await rows(deep_store))[0].reasoning == "abcdef"
+    await deep_store.write([chunk("ghi", 6), chunk("ghi", 6), chunk("jk", 9)])  # repeated inside one batch
+    assert (await rows(deep_store))[0].reasoning == "abcdefghijk"
+    await deep_store.write([chunk("XY", 4)])  # a rewrite from character 4 drops the tail
+    assert (await rows(deep_store))[0].reasoning == "abcdXY"
+    await deep_store.write([deep(0, kind="thinking", output='"no reasoning in this write"')])  # None keeps
+    got = (await rows(deep_store))[0]
+    assert (got.reasoning, got.reasoning_offset) == ("abcdXY", 0)
+    await deep_store.write([chunk("new", 0)])  # from the start: replaces all
+    assert (await rows(deep_store))[0].reasoning == "new"
+
+
+async def test_positional_reasoning_counts_characters_not_bytes(deep_store: DeepStore) -> None:
+    head = "é\U0001f600\x00\U0010ffff日"  # 2-, 4-, 1-, 4- and 3-byte characters
+    await deep_store.write([deep(0, kind="thinking", reasoning=head + "tail")])
+    await deep_store.write([deep(0, kind="thinking", reasoning="\U0001f9e0!", reasoning_offset=len(head))])
+    assert (await rows(deep_store))[0].reasoning == head + "\U0001f9e0!"
+
+
+async def test_a_first_write_at_an_offset_stores_its_chunk(deep_store: DeepStore) -> None:
+    # After a purge a replay may resume mid-text: the chunk is kept (nothing before it).
+    await deep_store.write([deep(0, kind="thinking", reasoning="tail", reasoning_offset=100)])
+    got = (await rows(deep_store))[0]
+    assert (got.reasoning, got.reasoning_offset) == ("tail", 0)
+
+
+async def test_records_round_trip_exactly(deep_store: DeepStore) -> None:
+    big_reasoning = (UNICODE * (REASONING_CAP // len(UNICODE) + 1))[:REASONING_CAP]
+    big_output = ("\U0001f600" + "x" * 99) * (OUTPUT_CAP // 100) + "y" * (OUTPUT_CAP % 100)
+    big_arguments = ('{"k":"' + "ü" * ARGUMENTS_CAP)[:ARGUMENTS_CAP]
+    records = [
+        deep(0, kind="thinking", reasoning=big_reasoning, at=1),
+        deep(1, arguments=big_arguments, output=big_output, clipped=True, at=2),
+        deep(2, kind="llm", arguments='{"q":' + repr(UNICODE) + "}", output=UNICODE, at=3),
+        deep(3, kind="error", at=4),
+        deep(4, kind="state", reasoning="", arguments="", output="", at=5),
+    ]
+    assert len(big_output) == OUTPUT_CAP and len(big_arguments) == ARGUMENTS_CAP
+    await deep_store.write(records)
+    assert await rows(deep_store) == records
+
+
+async def test_the_port_clips_bodies_to_the_caps(deep_store: DeepStore) -> None:
+    huge = "\U0001f600abc" * 40_000  # 160,000 characters, astral ones at every boundary
+    await deep_store.write([deep(0, kind="tool", arguments=huge, output=huge), deep(1, kind="thinking", reasoning=huge)])
+    tool, thinking = await rows(deep_store)
+    assert tool.clipped and thinking.clipped
+    assert 0 < len(tool.arguments) <= ARGUMENTS_CAP and 0 < len(tool.output) <= OUTPUT_CAP
+    assert 0 < len(thinking.reasoning) <= REASONING_CAP
+    for body in (tool.arguments, tool.output, thinking.reasoning):
+        body.encode("utf-8")  # never split into invalid UTF-8
+        assert body.startswith(huge[:1000])
+        assert body != huge[: len(body)]  # a visible marker, not a silent cut
+
+
+async def test_the_port_clips_positional_reasoning_to_the_cap(deep_store: DeepStore) -> None:
+    def chunk(text: str, offset: int) -> object:
+        return deep(0, kind="thinking", reasoning=text, reasoning_offset=offset)
+
+    base = "a" * (REASONING_CAP - 1000)
+    await deep_store.write([chunk(base, 0)])
+    await deep_store.write([chunk("b" * 5000, len(base))])  # crosses the cap
+    got = (await rows(deep_store))[0]
+    assert got.clipped and len(got.reasoning) <= REASONING_CAP and got.reasoning.startswith(base + "b" * 100)
+    clipped_once = got.reasoning
+    await deep_store.write([chunk("c" * 5000, REASONING_CAP + 10)])  # starts past the cap
+    await deep_store.write([chunk("b" * 5000, len(base))])  # the crossing chunk replayed
+    got = (await rows(deep_store))[0]
+    assert got.clipped and got.reasoning == clipped_once
+
+
+async def test_writing_a_batch_twice_changes_nothing(deep_store: DeepStore) -> None:
+    batch = [
+        deep(0, kind="thinking", reasoning="abc", at=1),
+        deep(0, kind="thinking", reasoning="def", reasoning_offset=3, at=2),
+        deep(1, arguments="{}", at=3),
+        deep(1, output="[]", clipped=True, at=4),
+    ]
+    await deep_store.write(batch)
+    first = await rows(deep_store)
+    await deep_store.write(batch)
+    assert await rows(deep_store) == first
+    assert first[0].reasoning == "abcdef"

@@ -1,0 +1,136 @@
+"""Random write sequences read back exactly as the memory reference reads them.
+
+Each example writes under a company of its own, so one store serves every example
+(the ports promise that companies never see each other). On failure hypothesis
+prints the seed and the shrunk sequence."""
+
+from __future__ import annotations
+
+import itertools
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from stepstream.core.records import DeepRecord, RunRecord, RunState, StepRecord
+from stepstream.sinks import DeepStore, StepStore
+from stepstream.sinks.memory import MemoryDeepStore, MemoryStepStore
+
+_companies = itertools.count()
+
+PROPERTY_SETTINGS = settings(
+    max_examples=60,
+    deadline=None,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+
+# Any character JSON and every backend can carry: no lone surrogates (not UTF-8).
+text = st.text(st.characters(exclude_categories=("Cs",)), max_size=12)
+maybe_text = st.none() | text
+runs = st.sampled_from(["r1", "r2"])
+seqs = st.integers(0, 3)
+times = st.integers(0, 9).map(lambda n: f"2025-01-01T00:00:0{n}.000000Z")
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1) | text,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(text, inner, max_size=3),
+    max_leaves=6,
+)
+
+
+@st.composite
+def deep_writes(draw: st.DrawFn) -> DeepRecord:
+    reasoning = draw(maybe_text)
+    return DeepRecord(
+        company_id="",
+        run_id=draw(runs),
+        step_seq=draw(seqs),
+        kind=draw(st.sampled_from(["thinking", "tool", "llm"])),
+        ts=draw(times),
+        reasoning=reasoning,
+        reasoning_offset=draw(st.integers(0, 16)) if reasoning is not None else 0,
+        arguments=draw(maybe_text),
+        output=draw(maybe_text),
+        clipped=draw(st.booleans()),
+    )
+
+
+@st.composite
+def step_writes(draw: st.DrawFn) -> StepRecord:
+    return StepRecord(
+        company_id="",
+        run_id=draw(runs),
+        step_seq=draw(seqs),
+        kind=draw(st.sampled_from(["thinking", "tool", "llm", "state", "error"])),
+        label=draw(maybe_text),
+        status=draw(st.none() | st.sampled_from(["running", "ok", "error"])),
+        call_id=draw(maybe_text),
+        arguments=draw(st.none() | json_values.filter(lambda v: v is not None)),
+        output_shape=draw(maybe_text),
+        started_at=draw(st.none() | times),
+    )
+
+
+@st.composite
+def run_writes(draw: st.DrawFn) -> RunRecord:
+    return RunRecord(
+        company_id="",
+        run_id=draw(runs),
+        agent_name=draw(maybe_text),
+        status=draw(st.sampled_from(["running", "completed", "failed"])),
+        started_at=draw(st.none() | times),
+        last_event_at=draw(st.none() | times),
+        step_count=draw(st.integers(0, 500)),
+        truncated=draw(st.booleans()),
+    )
+
+
+def batches(items: st.SearchStrategy) -> st.SearchStrategy:
+    return st.lists(st.lists(items, min_size=1, max_size=5), min_size=1, max_size=6)
+
+
+def _company() -> str:
+    return f"prop-{next(_companies)}"
+
+
+def _own(records: list, company: str) -> list:
+    import msgspec
+
+    return [msgspec.structs.replace(r, company_id=company) for r in records]
+
+
+@PROPERTY_SETTINGS
+@given(batches(deep_writes()))
+async def test_deep_writes_match_the_reference(deep_store: DeepStore, writes: list[list[DeepRecord]]) -> None:
+    company = _company()
+    reference = MemoryDeepStore()
+    for batch in writes:
+        batch = _own(batch, company)
+        await reference.write(batch)
+        await deep_store.write(batch)
+    for run_id in ("r1", "r2"):
+        assert await deep_store.get_deep(company, run_id) == await reference.get_deep(company, run_id)
+    assert await deep_store.list_deep_runs(company) == await reference.list_deep_runs(company)
+
+
+@PROPERTY_SETTINGS
+@given(batches(step_writes()), st.lists(run_writes(), max_size=4), st.integers(1, 3))
+async def test_step_writes_match_the_reference(
+    step_store: StepStore, writes: list[list[StepRecord]], run_records: list[RunRecord], limit: int
+) -> None:
+    company = _company()
+    reference = MemoryStepStore()
+    run_records = _own(run_records, company)
+    states = [RunState(company_id=company, run_id=r.run_id, last_seq=r.step_count, run=r) for r in run_records]
+    for i, batch in enumerate(writes):
+        batch = _own(batch, company)
+        extra = (run_records, states) if i == len(writes) - 1 else ((), ())
+        await reference.write(batch, *extra)
+        await step_store.write(batch, *extra)
+    for run_id in ("r1", "r2"):
+        assert await step_store.get_steps(company, run_id) == await reference.get_steps(company, run_id)
+        assert await step_store.get_run(company, run_id) == await reference.get_run(company, run_id)
+    assert await step_store.load_states(company, ["r1", "r2"]) == await reference.load_states(company, ["r1", "r2"])
+    page, expected = await step_store.list_runs_page(company, limit=limit), await reference.list_runs_page(company, limit=limit)
+    assert page == expected
+    if page.next_cursor:
+        assert await step_store.list_runs(company, before=page.next_cursor) == await reference.list_runs(company, before=page.next_cursor)

@@ -1,0 +1,194 @@
+"""Helpers for worker tests on the real broker: run `stepstream worker` as a real
+process (so it can be SIGKILLed), wait for the group to catch up, and dump sinks."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
+
+from stepstream.sinks import open_deep_store, open_step_store
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class WorkerProcess:
+    """One `stepstream worker` subprocess with its own web port and log file."""
+
+    def __init__(self, *, broker: str, topic: str, app_id: str, steps_sink: str, deep_sink: str, log_dir: Path,
+                 partitions: int, extra_env: dict[str, str] | None = None, name: str = "w") -> None:
+        self.port = free_port()
+        self.log_path = log_dir / f"worker-{name}-{self.port}.log"
+        env = dict(os.environ)
+        env.update(
+            STEPSTREAM_BROKER=broker,
+            STEPSTREAM_TOPIC=topic,
+            STEPSTREAM_APP_ID=app_id,
+            STEPSTREAM_STEPS_SINK=steps_sink,
+            STEPSTREAM_DEEP_SINK=deep_sink,
+            STEPSTREAM_PARTITIONS=str(partitions),
+            STEPSTREAM_WEB_PORT=str(self.port),
+            STEPSTREAM_IDLE_FLUSH_SECONDS="1.0",
+            STEPSTREAM_LOG_LEVEL="warning",
+        )
+        env.update(extra_env or {})
+        self._log = self.log_path.open("ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "stepstream.cli", "worker"], env=env, stdout=self._log, stderr=subprocess.STDOUT
+        )
+
+    def metrics(self) -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=5) as resp:
+            return resp.read().decode()
+
+    def ready(self) -> dict:
+        import json
+
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/ready", timeout=5) as resp:
+                return json.loads(resp.read())
+        except urllib.error.HTTPError as err:
+            return json.loads(err.read())
+
+    def metric_sum(self, name: str) -> float:
+        total = 0.0
+        try:
+            text = self.metrics()
+        except OSError:
+            return -1.0
+        for line in text.splitlines():
+            if line.startswith(name) and not line.startswith("#"):
+                head, _, value = line.rpartition(" ")
+                if head == name or head.startswith(name + "{"):
+                    total += float(value)
+        return total
+
+    def wait_web(self, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"worker exited with {self.proc.returncode}; log:\n{self.tail()}")
+            try:
+                self.metrics()
+                return
+            except OSError:
+                time.sleep(0.2)
+        raise AssertionError(f"worker web port never answered; log:\n{self.tail()}")
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stop(self, timeout: float = 30.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        self._log.close()
+        return self.proc.returncode
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def tail(self, n: int = 60) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return "(no log)"
+
+
+async def group_lag(broker: str, group: str, topic: str) -> int:
+    """Log-end minus committed offsets of ``group`` over every partition of ``topic``."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=broker)
+    consumer = AIOKafkaConsumer(bootstrap_servers=broker, enable_auto_commit=False)
+    await admin.start()
+    await consumer.start()
+    try:
+        parts = consumer.partitions_for_topic(topic) or set()
+        if not parts:
+            await consumer._client.force_metadata_update()
+            parts = consumer.partitions_for_topic(topic) or set()
+        tps = [TopicPartition(topic, p) for p in parts]
+        ends = await consumer.end_offsets(tps)
+        committed = await admin.list_consumer_group_offsets(group, partitions=tps)
+        lag = 0
+        for tp in tps:
+            meta = committed.get(tp)
+            lag += ends[tp] - (meta.offset if meta is not None and meta.offset >= 0 else 0)
+        return lag
+    finally:
+        await consumer.stop()
+        await admin.close()
+
+
+async def wait_caught_up(broker: str, group: str, topic: str, workers: list[WorkerProcess], timeout: float = 180.0) -> None:
+    deadline = time.monotonic() + timeout
+    lag = None
+    while time.monotonic() < deadline:
+        for w in workers:
+            if not w.alive():
+                raise AssertionError(f"worker died (rc={w.proc.returncode}):\n{w.tail()}")
+        lag = await group_lag(broker, group, topic)
+        if lag == 0:
+            return
+        await asyncio.sleep(0.5)
+    logs = "\n---\n".join(w.tail() for w in workers)
+    raise AssertionError(f"group {group} still lags {lag} records after {timeout}s; logs:\n{logs}")
+
+
+async def dump(steps_url: str, deep_url: str, companies: list[str]) -> dict:
+    """Everything the sinks hold for these companies, as plain comparable data."""
+    import msgspec
+
+    steps = await open_step_store(steps_url)
+    deep = await open_deep_store(deep_url)
+    out: dict = {}
+    try:
+        for company in companies:
+            runs = await steps.list_runs(company, limit=100_000)
+            for run in runs:
+                key = f"{company}/{run.run_id}"
+                out[key] = {
+                    "run": msgspec.to_builtins(run),
+                    "steps": [msgspec.to_builtins(s) for s in await steps.get_steps(company, run.run_id)],
+                    "deep": [msgspec.to_builtins(d) for d in await deep.get_deep(company, run.run_id)],
+                }
+    finally:
+        await steps.close()
+        await deep.close()
+    return out
+
+
+def first_difference(a: dict, b: dict) -> str:
+    if a.keys() != b.keys():
+        return f"runs differ: only left {sorted(a.keys() - b.keys())[:5]}, only right {sorted(b.keys() - a.keys())[:5]}"
+    for key in sorted(a):
+        for part in ("run", "steps", "deep"):
+            if a[key][part] != b[key][part]:
+                left, right = a[key][part], b[key][part]
+                if isinstance(left, list):
+                    if len(left) != len(right):
+                        return f"{key} {part}: {len(left)} vs {len(right)} rows"
+                    for x, y in zip(left, right):
+                        if x != y:
+                            return f"{key} {part}:\n  {x}\n  {y}"
+                return f"{key} {part}:\n  {left}\n  {right}"
+    return "no difference"

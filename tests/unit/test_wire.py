@@ -1,0 +1,158 @@
+"""Wire format v1: the decoder, its error kinds, the golden examples and the schema drift."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import msgspec
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from stepstream import schemagen
+from stepstream.core import wire
+from stepstream.errors import WireError
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = sorted((ROOT / "schemas" / "examples").glob("*.json"))
+
+
+def _good(**over) -> dict:
+    event = {
+        "v": 1,
+        "event_id": "e-1",
+        "company_id": "acme",
+        "run_id": "r:1",
+        "seq": 0,
+        "ts": "2026-11-29T10:00:00Z",
+        "type": "tool_call",
+        "parent_id": None,
+        "payload": {"call_id": "c1", "tool": "sh", "arguments": {"cmd": "ls"}},
+    }
+    event.update(over)
+    return event
+
+
+def _reason(data: bytes) -> str:
+    with pytest.raises(WireError) as info:
+        wire.decode_event(data)
+    return info.value.reason
+
+
+def test_golden_examples_cover_every_type_and_decode():
+    assert EXAMPLES, "schemas/examples is empty"
+    seen = set()
+    for path in EXAMPLES:
+        raw = path.read_bytes()
+        event = wire.decode_event(raw)
+        seen.add(event.__struct_config__.tag)
+        # Decoding is lossless for what the contract defines.
+        again = json.loads(wire.encode_event(event))
+        original = json.loads(raw)
+        for key in ("event_id", "company_id", "run_id", "seq", "type"):
+            assert again[key] == original[key], (path.name, key)
+        # Optional payload fields left at their default are omitted on re-encode.
+        for key, value in again["payload"].items():
+            assert original["payload"][key] == value, (path.name, key)
+        assert wire.decode_event(wire.encode_event(event)) == event
+    assert seen == set(wire.EVENT_TYPE_NAMES)
+
+
+def test_committed_schemas_match_the_structs():
+    for name, text in schemagen.render().items():
+        committed = ROOT / "schemas" / name
+        assert committed.exists(), f"{name} missing: run `make schemas`"
+        assert committed.read_text(encoding="utf-8") == text, (
+            f"schemas/{name} drifted from the Structs: run `make schemas` and commit"
+        )
+
+
+def test_decodes_every_type_to_its_struct():
+    event = wire.decode_event(json.dumps(_good()).encode())
+    assert isinstance(event, wire.ToolCall)
+    assert event.payload.arguments == {"cmd": "ls"}
+    assert event.ts.utcoffset().total_seconds() == 0
+
+
+@pytest.mark.parametrize(
+    ("data", "reason"),
+    [
+        (b"not json at all", "not_json"),
+        (b'{"v":1,', "not_json"),
+        (b"", "not_json"),
+        (json.dumps(_good(payload={"call_id": "c", "tool": "t", "arguments": {"x": "\udcff"}}), ensure_ascii=False).encode("utf-8", "surrogateescape"), "not_utf8"),
+        (b"[1,2,3]", "not_object"),
+        (b'"a string"', "not_object"),
+        (json.dumps(_good(type="llm_dream")).encode(), "unknown_type"),
+        (json.dumps({k: v for k, v in _good().items() if k != "run_id"}).encode(), "missing_field"),
+        (json.dumps(_good(payload={"call_id": "c", "tool": "t"})).encode(), "missing_field"),
+        (json.dumps({k: v for k, v in _good().items() if k != "type"}).encode(), "missing_field"),
+        (json.dumps(_good(seq="7")).encode(), "wrong_type"),
+        (json.dumps(_good(payload={"call_id": "c", "tool": "t", "arguments": []})).encode(), "wrong_type"),
+        (json.dumps(_good(ts=12345)).encode(), "wrong_type"),
+        (json.dumps(_good(company_id="acme corp")).encode(), "bad_id"),
+        (json.dumps(_good(company_id="x" * 65)).encode(), "bad_id"),
+        (json.dumps(_good(run_id="r/1")).encode(), "bad_id"),
+        (json.dumps(_good(event_id="")).encode(), "bad_id"),
+        (json.dumps(_good(v=2)).encode(), "bad_version"),
+        (json.dumps(_good(v="1")).encode(), "wrong_type"),
+        (json.dumps(_good(seq=-1)).encode(), "invalid_value"),
+        (json.dumps(_good(ts="yesterday")).encode(), "invalid_value"),
+        (json.dumps(_good(ts="2026-11-29T10:00:00")).encode(), "invalid_value"),
+        (json.dumps(_good(type="run_end", payload={"status": "paused"})).encode(), "invalid_value"),
+    ],
+)
+def test_bad_input_gets_a_named_reason(data, reason):
+    assert _reason(data) == reason
+
+
+def test_error_names_the_field():
+    with pytest.raises(WireError) as info:
+        wire.decode_event(json.dumps(_good(run_id="has space")).encode())
+    assert "$.run_id" in str(info.value)
+    assert info.value.reason in wire.DECODE_REASONS
+
+
+def test_oversize_is_rejected_before_parsing():
+    data = json.dumps(_good()).encode()
+    assert _reason_with_limit(data, len(data) - 1) == "oversize"
+    assert isinstance(wire.decode_event(data, max_bytes=len(data)), wire.ToolCall)
+
+
+def _reason_with_limit(data: bytes, limit: int) -> str:
+    with pytest.raises(WireError) as info:
+        wire.decode_event(data, max_bytes=limit)
+    return info.value.reason
+
+
+def test_partition_key_keeps_a_run_together():
+    assert wire.partition_key("acme", "r:1") == b"acme/r:1"
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=200))
+def test_any_bytes_decode_or_raise_wire_error(data):
+    try:
+        wire.decode_event(data)
+    except WireError as exc:
+        assert exc.reason in wire.DECODE_REASONS
+
+
+_json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**53), 2**53) | st.text(max_size=20),
+    lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=8), kids, max_size=4),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    args=st.dictionaries(st.text(max_size=10), _json_values, max_size=5),
+    seq=st.integers(0, 2**40),
+    run_id=st.from_regex(r"[A-Za-z0-9._:-]{1,128}", fullmatch=True),
+)
+def test_round_trip_preserves_the_event(args, seq, run_id):
+    event = wire.decode_event(json.dumps(_good(seq=seq, run_id=run_id, payload={"call_id": "c", "tool": "t", "arguments": args})).encode())
+    assert wire.decode_event(wire.encode_event(event)) == event
+    assert msgspec.json.decode(wire.encode_event(event))["payload"]["arguments"] == args
