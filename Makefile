@@ -13,11 +13,13 @@ RUN_DIR    := .run
 KAFKA_PORT ?= 9092
 MONGO_PORT ?= 27017
 PYTEST_ARGS ?=
+BENCH_ARGS ?=
+BENCH_WORKER_ARGS ?=
 
-.PHONY: help venv kafka-up kafka-down mongo-up mongo-down test run bench soak clean
+.PHONY: help venv kafka-up kafka-down mongo-up mongo-down test run bench schemas soak clean
 
 help: ## List the targets
-	@echo "stepstream: make <target> [KAFKA_PORT=9092] [MONGO_PORT=27017] [PYTEST_ARGS='-k name']"
+	@echo "stepstream: make <target> [KAFKA_PORT=9092] [MONGO_PORT=27017] [PYTEST_ARGS='-k name'] [BENCH_WORKER_ARGS='--events 50000']"
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z][a-z-]*:.*## / {printf "  %-11s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 venv: $(VENV_STAMP) ## Create .venv with the package and its test extras (again only when pyproject.toml changes)
@@ -46,12 +48,12 @@ test: venv ## Run the whole suite against a throwaway broker and FerretDB on fre
 run: venv ## Start the broker, worker, API and a demo agent locally (on SQLite)
 	@deploy/run.sh
 
-bench: venv ## Run the throughput benchmark
-	@if $(VENV)/bin/python -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec("stepstream.bench") is None)' 2>/dev/null; then \
-		$(VENV)/bin/python -m stepstream.bench; \
-	else \
-		echo "bench: stepstream.bench does not exist yet"; \
-	fi
+bench: venv ## Benchmarks: the engine alone, then the worker against a throwaway broker
+	$(VENV)/bin/python -m benchmarks.bench_engine $(BENCH_ARGS)
+	deploy/with-servers.sh --no-mongo -- $(VENV)/bin/python -m benchmarks.bench_worker $(BENCH_WORKER_ARGS)
+
+schemas: venv ## Regenerate schemas/*.schema.json from the msgspec Structs
+	$(VENV)/bin/python -m stepstream.schemagen schemas
 
 soak: venv ## Run the long-running soak tests (pytest -m soak) against real servers
 	@rc=0; deploy/run-tests.sh -m soak $(PYTEST_ARGS) || rc=$$?; \

@@ -103,6 +103,9 @@ class Pipeline:
         self._touched: dict[RunKey, float] = {}
         self._held: dict[RunKey, list[Any]] = {}
         self._ended: set[RunKey] = set()
+        self._tails: set[RunKey] = set()  # runs whose fold holds an unflushed thinking tail
+        self._next_idle_check = 0.0
+        self._next_evict = 0.0
         self._batch = _Batch(clock())
         self.written_batches = 0
 
@@ -124,24 +127,29 @@ class Pipeline:
             batch.tokens.append(token)
         else:
             batch.types[event.__struct_config__.tag] += 1
-            batch.event_ts.append(event.ts.timestamp())
-            self._take(key, out, token)
+            self._take(key, out, token, event.ts.timestamp())
             if event.__struct_config__.tag == "run_end":
                 self._ended.add(key)
         if len(batch) >= self._batch_records:
             await self.flush()
 
-    def _take(self, key: RunKey, out: Output, token: Any) -> None:
+    def _take(self, key: RunKey, out: Output, token: Any, ts: float | None = None) -> None:
         batch = self._batch
         batch.add(out)
         if out.state is None:
             # Buffered in the fold's tail: durable only when the tail is flushed.
-            self._held.setdefault(key, []).append(token)
-        else:
-            held = self._held.pop(key, None)
-            if held:
-                batch.tokens.extend(held)
-            batch.tokens.append(token)
+            self._held.setdefault(key, []).append((token, ts))
+            self._tails.add(key)
+            return
+        self._tails.discard(key)
+        held = self._held.pop(key, None)
+        if held:
+            for held_token, held_ts in held:
+                batch.tokens.append(held_token)
+                batch.event_ts.append(held_ts)
+        batch.tokens.append(token)
+        if ts is not None:
+            batch.event_ts.append(ts)
         if self._metrics is not None:
             for trigger in out.flushes:
                 self._metrics.thinking_flushes.labels(trigger).inc()
@@ -188,23 +196,30 @@ class Pipeline:
             wall = self._wall()
             observe = m.ingest_lag.observe
             for ts in batch.event_ts:
-                observe(max(0.0, wall - ts))
+                if ts is not None:
+                    observe(max(0.0, wall - ts))
         if self._on_durable is not None and batch.tokens:
             self._on_durable(batch.tokens)
         self._evict()
 
     def _evict(self) -> None:
-        """Forget folds whose state is durable and that are done or idle; they
-        reload from the step store if their run speaks again."""
-        now = self._clock()
-        for key in list(self._folds):
-            fold = self._folds[key]
-            if fold.pending:
-                continue
-            if key in self._ended or now - self._touched.get(key, now) >= self._evict_after:
+        """Forget folds whose state is durable and that are done (after every write)
+        or idle (checked every few seconds); they reload from the step store if
+        their run speaks again."""
+        for key in self._ended:
+            fold = self._folds.get(key)
+            if fold is not None and not fold.pending:
                 del self._folds[key]
                 self._touched.pop(key, None)
-                self._ended.discard(key)
+        self._ended = {k for k in self._ended if k in self._folds}
+        now = self._clock()
+        if now >= self._next_evict:
+            self._next_evict = now + 5.0
+            for key, touched in list(self._touched.items()):
+                if now - touched >= self._evict_after and not self._folds[key].pending:
+                    del self._folds[key]
+                    del self._touched[key]
+                    self._ended.discard(key)
         if self._metrics is not None:
             self._metrics.open_runs.set(len(self._folds))
             self._metrics.pending_events.set(sum(len(v) for v in self._held.values()))
@@ -212,8 +227,14 @@ class Pipeline:
     async def tick(self) -> None:
         """Periodic work: flush idle thinking tails, then write a due batch."""
         now = self._clock()
-        for key, fold in list(self._folds.items()):
-            if fold.pending:
+        if self._tails and now >= self._next_idle_check:
+            # Idle tails are checked a few times per idle period, not on every tick.
+            self._next_idle_check = now + self._limits.idle_seconds / 4
+            for key in list(self._tails):
+                fold = self._folds.get(key)
+                if fold is None:
+                    self._tails.discard(key)
+                    continue
                 out = fold.flush_idle(now)
                 if out is not None:
                     self._take(key, out, None)
@@ -223,11 +244,11 @@ class Pipeline:
     async def drain(self) -> None:
         """Make everything durable now: flush every pending tail (as an idle flush
         would, so records equal a run that waited) and write the batch."""
-        for key, fold in list(self._folds.items()):
-            if fold.pending:
-                out = fold.flush("idle")
-                if out is not None:
-                    self._take(key, out, None)
+        for key in list(self._tails):
+            out = self._folds[key].flush("idle")
+            if out is not None:
+                self._take(key, out, None)
+        self._tails.clear()
         await self.flush()
 
     def forget(self, keep: Callable[[RunKey], bool]) -> list[Any]:
@@ -239,7 +260,8 @@ class Pipeline:
                 del self._folds[key]
                 self._touched.pop(key, None)
                 self._ended.discard(key)
-                dropped.extend(self._held.pop(key, ()))
+                self._tails.discard(key)
+                dropped.extend(token for token, _ in self._held.pop(key, ()))
         return dropped
 
     @property

@@ -6,7 +6,10 @@ import pytest
 from sink_support import COMPANY, UNICODE, deep
 
 from stepstream.sinks import DeepStore
-from stepstream.sinks.clip import ARGUMENTS_CAP, OUTPUT_CAP, REASONING_CAP
+from stepstream.core.caps import CLIP_MARKER
+from stepstream.core.fold import Limits
+
+REASONING_CAP, OUTPUT_CAP, ARGUMENTS_CAP = Limits().reasoning_chars, Limits().output_chars, Limits().arguments_chars
 
 
 async def rows(store: DeepStore, run: str = "r1") -> list:
@@ -112,7 +115,7 @@ async def test_the_port_clips_bodies_to_the_caps(deep_store: DeepStore) -> None:
     for body in (tool.arguments, tool.output, thinking.reasoning):
         body.encode("utf-8")  # never split into invalid UTF-8
         assert body.startswith(huge[:1000])
-        assert body != huge[: len(body)]  # a visible marker, not a silent cut
+        assert body.endswith(CLIP_MARKER)  # a visible marker, not a silent cut
 
 
 async def test_the_port_clips_positional_reasoning_to_the_cap(deep_store: DeepStore) -> None:

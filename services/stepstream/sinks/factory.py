@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from urllib.parse import unquote
 
+from stepstream.core.fold import Limits
 from stepstream.errors import ConfigError
 from stepstream.sinks.ports import DeepStore, StepStore
 
@@ -57,7 +58,7 @@ async def open_step_store(url: str) -> StepStore:
     return await MongoStepStore(url).open()
 
 
-async def open_deep_store(url: str, *, limits: object | None = None) -> DeepStore:
+async def open_deep_store(url: str, *, limits: Limits | None = None) -> DeepStore:
     """The deep store at ``url``, opened and ready. ``limits`` (a ``core.fold.Limits``)
     sets the caps the port clips to; ``None`` means the contract's defaults."""
     scheme = _scheme(url)

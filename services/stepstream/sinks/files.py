@@ -45,6 +45,7 @@ from typing import Any, Generic, TypeVar
 
 import msgspec
 
+from stepstream.core.fold import Limits
 from stepstream.core.records import DeepRecord, RunRecord, RunState, StepRecord
 from stepstream.errors import SinkError
 from stepstream.sinks.ports import Capabilities, RunsPage
@@ -260,7 +261,7 @@ class FileDeepStore:
 
     capabilities = CAPABILITIES
 
-    def __init__(self, root: Path, limits: object | None = None) -> None:
+    def __init__(self, root: Path, limits: Limits | None = None) -> None:
         self._dir = _Directory(root, "deep-trace.lock")
         self._deep = _Folded(root / DEEP_FILE, DeepRecord, _fold_deep)
         self._limits = limits

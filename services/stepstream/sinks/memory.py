@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from stepstream.core.fold import Limits
 from stepstream.core.records import DeepRecord, RunRecord, RunState, StepRecord
 from stepstream.sinks.ports import Capabilities, RunsPage
 from stepstream.sinks.semantics import (
@@ -90,7 +91,7 @@ class MemoryDeepStore:
 
     capabilities = CAPABILITIES
 
-    def __init__(self, limits: object | None = None) -> None:
+    def __init__(self, limits: Limits | None = None) -> None:
         self._limits = limits
         self._rows: dict[RunKey, dict[int, DeepRecord]] = {}
 

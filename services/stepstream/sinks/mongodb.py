@@ -4,12 +4,20 @@ pymongo's async client. An optional extra: ``pip install 'stepstream[mongodb]'``
 The database is the URL's path (default ``stepstream``); other URL options are
 pymongo's. Collections and indexes (created at open, idempotently)::
 
-    run_steps         unique (company_id, run_id, step_seq)
-    run_step_details  unique (company_id, run_id, step_seq);
+    run_steps         _id ["company","run",seq]; unique (company_id, run_id, step_seq)
+    run_step_details  _id ["company","run",seq]; unique (company_id, run_id, step_seq);
                       recency (company_id, run_id, ts)
-    runs              unique (company_id, run_id);
+    runs              _id ["company","run"]; unique (company_id, run_id);
                       recency (company_id, recency desc, run_id desc)
-    run_state         unique (company_id, run_id)
+    run_state         _id ["company","run"]; unique (company_id, run_id)
+
+Every document's ``_id`` is the JSON text of its key (injective, so two tenants'
+keys never collide) and every point write or read goes by ``_id``: FerretDB 1.x
+on SQLite pushes down *only* an ``{_id: value}`` filter and scans the collection
+for anything else (the compound indexes exist but its planner does not use
+them), so an upsert filtered on the key fields would cost a full scan each.
+Run-wide reads (``get_steps``, ``list_runs``, purges) filter on the key fields,
+which MongoDB serves from the indexes and FerretDB-on-SQLite by a scan.
 
 Documents hold the record's fields, with two choices: ``run_steps.arguments``
 is JSON *text* and ``run_state.state`` is the whole RunState as JSON text,
@@ -26,7 +34,7 @@ true, ``$setOnInsert`` false otherwise). The positional reasoning merge needs
 ``stored[:offset] + written``; MongoDB would do it with an update pipeline
 (``$substrCP``/``$concat``) but FerretDB 1.x rejects pipeline updates, so the
 adapter reads the stored reasoning of the rows whose first chunk in the batch
-starts past 0 (one ``find`` per batch) and ``$set`` s the merged text. That is a
+starts past 0 (one ``_id`` lookup each) and ``$set`` s the merged text. That is a
 read-modify-write: correct because one run is written by one worker at a time
 (Kafka partitioning), and this store serialises its own deep writes.
 
@@ -46,6 +54,7 @@ from typing import Any
 
 import msgspec
 
+from stepstream.core.fold import Limits
 from stepstream.core.records import DeepRecord, RunRecord, RunState, StepRecord
 from stepstream.errors import ConfigError, SinkError, SinkUnavailable
 from stepstream.sinks.ports import Capabilities, RunsPage
@@ -139,22 +148,29 @@ DEEP_INDEXES = {
 }
 
 
+def row_id(company_id: str, run_id: str, step_seq: int | None = None) -> str:
+    """The ``_id`` of a row: the JSON array of its key, e.g. ``["acme","r1",3]``
+    (injective for any strings, so no two tenants' keys can collide)."""
+    key = (company_id, run_id) if step_seq is None else (company_id, run_id, step_seq)
+    return _json.encode(key).decode()
+
+
 def _step_op(step: StepRecord) -> Any:
     fields = _to_builtins(step)  # omit_defaults: the None fields (which keep) are absent
     if step.arguments is not None:
         fields["arguments"] = _json.encode(step.arguments).decode()
-    return UpdateOne({"company_id": step.company_id, "run_id": step.run_id, "step_seq": step.step_seq}, {"$set": fields}, upsert=True)
+    return UpdateOne({"_id": row_id(step.company_id, step.run_id, step.step_seq)}, {"$set": fields}, upsert=True)
 
 
 def _run_op(run: RunRecord) -> Any:
     doc = _to_builtins(run)
     doc["recency"] = recency(run)
-    return ReplaceOne({"company_id": run.company_id, "run_id": run.run_id}, doc, upsert=True)
+    return ReplaceOne({"_id": row_id(run.company_id, run.run_id)}, doc, upsert=True)
 
 
 def _state_op(state: RunState) -> Any:
     doc = {"company_id": state.company_id, "run_id": state.run_id, "state": _json.encode(state).decode()}
-    return ReplaceOne({"company_id": state.company_id, "run_id": state.run_id}, doc, upsert=True)
+    return ReplaceOne({"_id": row_id(state.company_id, state.run_id)}, doc, upsert=True)
 
 
 def _step(doc: dict[str, Any]) -> StepRecord:
@@ -206,13 +222,15 @@ class MongoStepStore:
     async def load_states(self, company_id: str, run_ids: Sequence[str]) -> dict[str, RunState]:
         if not run_ids:
             return {}
+        collection = self._conn["run_state"]
         async with _translated("load_states"):
-            cursor = self._conn["run_state"].find({"company_id": company_id, "run_id": {"$in": list(run_ids)}}, _NO_ID)
-            return {doc["run_id"]: _state_decoder.decode(doc["state"]) async for doc in cursor}
+            # One _id lookup per run: the only filter FerretDB's SQLite backend can push down.
+            docs = await asyncio.gather(*(collection.find_one({"_id": row_id(company_id, r)}, _NO_ID) for r in dict.fromkeys(run_ids)))
+        return {doc["run_id"]: _state_decoder.decode(doc["state"]) for doc in docs if doc is not None}
 
     async def get_run(self, company_id: str, run_id: str) -> RunRecord | None:
         async with _translated("get_run"):
-            doc = await self._conn["runs"].find_one({"company_id": company_id, "run_id": run_id}, _NO_ID)
+            doc = await self._conn["runs"].find_one({"_id": row_id(company_id, run_id)}, _NO_ID)
         return _run(doc) if doc is not None else None
 
     async def list_runs(self, company_id: str, *, limit: int = 50, before: str | None = None) -> list[RunRecord]:
@@ -244,7 +262,7 @@ class MongoDeepStore:
 
     capabilities = CAPABILITIES
 
-    def __init__(self, url: str, limits: object | None = None) -> None:
+    def __init__(self, url: str, limits: Limits | None = None) -> None:
         self._conn = _Connection(url)
         self._limits = limits
         self._write_lock = asyncio.Lock()
@@ -266,7 +284,7 @@ class MongoDeepStore:
             ops = []
             for d in deeps:
                 key = (d.company_id, d.run_id, d.step_seq)
-                fields: dict[str, Any] = {"kind": d.kind, "ts": d.ts}
+                fields: dict[str, Any] = {"company_id": d.company_id, "run_id": d.run_id, "step_seq": d.step_seq, "kind": d.kind, "ts": d.ts}
                 if d.reasoning is not None:
                     text = apply_reasoning(current.get(key), d.reasoning_offset, d.reasoning)
                     fields["reasoning"] = current[key] = text
@@ -279,7 +297,7 @@ class MongoDeepStore:
                     fields["clipped"] = True
                 else:
                     update["$setOnInsert"] = {"clipped": False}
-                ops.append(UpdateOne({"company_id": key[0], "run_id": key[1], "step_seq": key[2]}, update, upsert=True))
+                ops.append(UpdateOne({"_id": row_id(*key)}, update, upsert=True))
             await self._conn["run_step_details"].bulk_write(ops, ordered=True)
 
     async def _stored_reasoning(self, deeps: Sequence[DeepRecord]) -> dict[StepKey, str | None]:
@@ -289,21 +307,15 @@ class MongoDeepStore:
         for d in deeps:
             if d.reasoning is not None:
                 first.setdefault((d.company_id, d.run_id, d.step_seq), d.reasoning_offset > 0)
-        wanted: dict[tuple[str, str], list[int]] = {}
-        for (company_id, run_id, step_seq), needs in first.items():
-            if needs:
-                wanted.setdefault((company_id, run_id), []).append(step_seq)
+        wanted = [key for key, needs in first.items() if needs]
         if not wanted:
             return {}
-        query = {
-            "$or": [
-                {"company_id": company_id, "run_id": run_id, "step_seq": {"$in": seqs}}
-                for (company_id, run_id), seqs in wanted.items()
-            ]
-        }
-        projection = {"_id": 0, "company_id": 1, "run_id": 1, "step_seq": 1, "reasoning": 1}
-        cursor = self._conn["run_step_details"].find(query, projection)
-        return {(doc["company_id"], doc["run_id"], doc["step_seq"]): doc.get("reasoning") async for doc in cursor}
+        collection = self._conn["run_step_details"]
+        projection = {"_id": 0, "reasoning": 1}
+        # One _id lookup per row (typically one open thinking step per run in a batch):
+        # FerretDB's SQLite backend pushes down only an _id equality, $in would scan.
+        docs = await asyncio.gather(*(collection.find_one({"_id": row_id(*key)}, projection) for key in wanted))
+        return {key: doc.get("reasoning") for key, doc in zip(wanted, docs, strict=True) if doc is not None}
 
     async def get_deep(self, company_id: str, run_id: str) -> list[DeepRecord]:
         async with _translated("get_deep"):

@@ -17,9 +17,10 @@ from collections.abc import Iterable, Sequence
 
 import msgspec
 
+from stepstream.core.caps import clip_deep
+from stepstream.core.fold import Limits
 from stepstream.core.merge import merge_step
 from stepstream.core.records import DeepRecord, RunRecord
-from stepstream.sinks.clip import clip_deep_for_port
 from stepstream.sinks.ports import InvalidCursor
 
 __all__ = [
@@ -103,9 +104,14 @@ def check_keep(keep: int) -> int:
     return keep
 
 
-def clip_batch(deeps: Iterable[DeepRecord], limits: object | None = None) -> list[DeepRecord]:
-    """Every record clipped to the caps (a record within them is returned as is)."""
-    return [clip_deep_for_port(d, limits) for d in deeps]
+DEFAULT_LIMITS = Limits()
+
+
+def clip_batch(deeps: Iterable[DeepRecord], limits: Limits | None = None) -> list[DeepRecord]:
+    """Every record clipped to the caps of ``limits`` (default: the contract's) with
+    ``core.caps.clip_deep``; a record within them is passed through as is."""
+    limits = limits or DEFAULT_LIMITS
+    return [clip_deep(d, limits) for d in deeps]
 
 
 def newest_first(last_ts: dict[str, str]) -> list[tuple[str, str]]:

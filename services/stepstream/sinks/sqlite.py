@@ -45,6 +45,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
+from stepstream.core.fold import Limits
 from stepstream.core.records import DeepRecord, RunRecord, RunState, StepRecord
 from stepstream.errors import ConfigError, SinkError, SinkUnavailable
 from stepstream.sinks.ports import Capabilities, RunsPage
@@ -356,7 +357,7 @@ class SqliteDeepStore:
 
     capabilities = CAPABILITIES
 
-    def __init__(self, path: str, limits: object | None = None) -> None:
+    def __init__(self, path: str, limits: Limits | None = None) -> None:
         self._db = _Database(path)
         self._limits = limits
 

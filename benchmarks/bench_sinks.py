@@ -1,0 +1,313 @@
+"""Sink benchmark: the SQLite (and MongoDB) sink against the bare driver, side by side.
+
+    PYTHONPATH=services python -m benchmarks.bench_sinks [--batches 60] [--rounds 3]
+                                                          [--mongo mongodb://127.0.0.1:27017/]
+
+The workload is what the worker writes (generated, seeded): 40 runs interleaved,
+each a sequence of thinking steps of 2-24 KB flushed in 2 KiB positional chunks
+(a deep reasoning chunk plus a rewrite of the thinking step per flush) and tool
+calls (a step written running then completed, raw arguments of 0.2-4 KB and raw
+output of 1-60 KB on the deep row), plus the run record and the run state of every
+run a batch touches. Batches hold ~500 rows.
+
+* **sink**: ``SqliteDeepStore.write(deeps)`` then ``SqliteStepStore.write(steps,
+  runs, states)`` per batch, as the worker does (port clip, msgspec conversion,
+  upserts with the merge, one transaction per call, aiosqlite).
+* **bare**: plain ``sqlite3`` on the same schema and PRAGMAs, the same rows as
+  ready-made tuples, ``INSERT OR REPLACE`` via ``executemany``, one transaction
+  per batch. It stores each reasoning *chunk* (no positional merge).
+
+Each round runs both on fresh files, interleaved; the best round of each counts.
+``ratio`` is sink rows/s over bare rows/s (the aim is >= 0.8). With ``--mongo`` or
+``STEPSTREAM_TEST_MONGO_URL``, the same for the MongoDB sink against a bare
+``insert_many`` of the same documents into empty collections.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import os
+import random
+import sqlite3
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from stepstream.core.records import DeepRecord, RunRecord, RunState, StepRecord
+from stepstream.sinks import open_deep_store, open_step_store
+from stepstream.sinks.sqlite import deep_schema, step_schema
+
+CHUNK = 2048
+BATCH_ROWS = 500
+
+
+class Batch(msgspec.Struct):
+    deeps: list[DeepRecord]
+    steps: list[StepRecord]
+    runs: list[RunRecord]
+    states: list[RunState]
+
+    @property
+    def rows(self) -> int:
+        return len(self.deeps) + len(self.steps) + len(self.runs) + len(self.states)
+
+
+def _ts(n: int) -> str:
+    return f"2026-01-01T{n // 3_600_000_000 % 24:02d}:{n // 60_000_000 % 60:02d}:{n // 1_000_000 % 60:02d}.{n % 1_000_000:06d}Z"
+
+
+class _Run:
+    def __init__(self, company: str, run_id: str) -> None:
+        self.record = RunRecord(company_id=company, run_id=run_id, agent_name="bench", started_at=_ts(0))
+        self.ordinal = 0
+        self.seq = 0
+        self.pending: Iterator[list[DeepRecord | StepRecord]] | None = None
+
+
+def workload(seed: int, batches: int, runs: int = 40) -> list[Batch]:
+    """``batches`` batches of ~500 rows from ``runs`` interleaved runs (see the module doc)."""
+    rng = random.Random(seed)
+    pool = "".join(rng.choice("abcdefghij klmnopqrstuvwxyz.,\n") for _ in range(70_000)) + "é日\U0001f600" * 100
+    clock = [0]
+
+    def text(n: int) -> str:
+        start = rng.randrange(0, len(pool) - n) if n < len(pool) else 0
+        return (pool * (n // len(pool) + 1))[start : start + n] if n >= len(pool) else pool[start : start + n]
+
+    def tick() -> str:
+        clock[0] += rng.randrange(100, 5000)
+        return _ts(clock[0])
+
+    def thinking(run: _Run) -> Iterator[list[DeepRecord | StepRecord]]:
+        c, r, ordinal = run.record.company_id, run.record.run_id, run.ordinal
+        run.ordinal += 1
+        total = rng.randrange(2_000, 24_000)
+        started = tick()
+        for offset in range(0, total, CHUNK):
+            now = tick()
+            yield [
+                DeepRecord(company_id=c, run_id=r, step_seq=ordinal, kind="thinking", ts=now,
+                           reasoning=text(min(CHUNK, total - offset)), reasoning_offset=offset),
+                StepRecord(company_id=c, run_id=r, step_seq=ordinal, kind="thinking", label="thinking",
+                           status="running", started_at=started, ended_at=now),
+            ]
+
+    def tool(run: _Run) -> Iterator[list[DeepRecord | StepRecord]]:
+        c, r, ordinal = run.record.company_id, run.record.run_id, run.ordinal
+        run.ordinal += 1
+        started, args = tick(), text(rng.randrange(200, 4_000))
+        yield [
+            StepRecord(company_id=c, run_id=r, step_seq=ordinal, kind="tool", label="read_file", status="running",
+                       call_id=f"call-{ordinal}", arguments={"path": "/srv/app/main.py", "lines": [1, 400]},
+                       input_shape="2 fields", started_at=started),
+            DeepRecord(company_id=c, run_id=r, step_seq=ordinal, kind="tool", ts=started, arguments=args),
+        ]
+        ended = tick()
+        yield [
+            StepRecord(company_id=c, run_id=r, step_seq=ordinal, kind="tool", status="ok",
+                       output_shape="4.2k characters", ended_at=ended),
+            DeepRecord(company_id=c, run_id=r, step_seq=ordinal, kind="tool", ts=ended,
+                       output=text(rng.randrange(1_000, 60_000))),
+        ]
+
+    def script(run: _Run) -> Iterator[list[DeepRecord | StepRecord]]:
+        for _ in range(rng.randrange(6, 20)):
+            yield from thinking(run)
+            yield from tool(run)
+
+    active = [_Run(f"co-{i % 4}", f"run-{seed}-{i}") for i in range(runs)]
+    for run in active:
+        run.pending = script(run)
+    made = runs
+    out: list[Batch] = []
+    while len(out) < batches:
+        batch = Batch([], [], [], [])
+        touched: dict[int, _Run] = {}
+        while batch.rows + 2 * len(touched) < BATCH_ROWS:
+            i = rng.randrange(len(active))
+            run = active[i]
+            unit = next(run.pending, None) if run.pending is not None else None
+            if unit is None:
+                active[i] = _Run(f"co-{made % 4}", f"run-{seed}-{made}")
+                active[i].pending = script(active[i])
+                made += 1
+                continue
+            for record in unit:
+                (batch.deeps if isinstance(record, DeepRecord) else batch.steps).append(record)
+            run.seq += 1
+            run.record = msgspec.structs.replace(run.record, step_count=run.ordinal, last_event_at=_ts(clock[0]))
+            touched[id(run)] = run
+        for run in touched.values():
+            batch.runs.append(run.record)
+            batch.states.append(RunState(company_id=run.record.company_id, run_id=run.record.run_id,
+                                         last_seq=run.seq, next_ordinal=run.ordinal, run=run.record))
+        out.append(batch)
+    return out
+
+
+# --- SQLite ---------------------------------------------------------------------------------
+
+_json = msgspec.json.Encoder()
+
+
+def _bare_rows(batches: list[Batch]) -> list[dict[str, list[tuple[Any, ...]]]]:
+    """The same rows as ready-made tuples for plain sqlite3 (prepared outside the timing)."""
+    astuple = msgspec.structs.astuple
+    out = []
+    for b in batches:
+        out.append({
+            "run_step_details": [(d.company_id, d.run_id, d.step_seq, d.kind, d.ts, d.reasoning, d.arguments, d.output, int(d.clipped)) for d in b.deeps],
+            "run_steps": [(*astuple(s)[:7], _json.encode(s.arguments).decode() if s.arguments is not None else None, *astuple(s)[8:]) for s in b.steps],
+            "runs": [(*astuple(r), r.started_at or r.last_event_at or "") for r in b.runs],
+            "run_state": [(s.company_id, s.run_id, _json.encode(s).decode()) for s in b.states],
+        })
+    return out
+
+
+def _bare_sqlite(path: Path, rows: list[dict[str, list[tuple[Any, ...]]]]) -> float:
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=NORMAL")
+    conn.executescript(step_schema() + deep_schema())
+    sql = {
+        table: f"INSERT OR REPLACE INTO {table} VALUES ({', '.join('?' * len(sample[0]))})"
+        for table, sample in rows[0].items()
+        if sample
+    }
+    started = time.perf_counter()
+    for batch in rows:
+        conn.execute("BEGIN IMMEDIATE")
+        for table, params in batch.items():
+            if params:
+                conn.executemany(sql[table], params)
+        conn.execute("COMMIT")
+    took = time.perf_counter() - started
+    conn.close()
+    return took
+
+
+async def _sink(steps_url: str, deep_url: str, batches: list[Batch]) -> float:
+    steps, deep = await open_step_store(steps_url), await open_deep_store(deep_url)
+    started = time.perf_counter()
+    for b in batches:
+        await deep.write(b.deeps)
+        await steps.write(b.steps, b.runs, b.states)
+    took = time.perf_counter() - started
+    await steps.close()
+    await deep.close()
+    return took
+
+
+def bench_sqlite(batches: list[Batch], rounds: int) -> dict[str, float]:
+    rows = sum(b.rows for b in batches)
+    bare_rows = _bare_rows(batches)
+    best_sink = best_bare = float("inf")
+    with tempfile.TemporaryDirectory(prefix="bench-sinks-") as tmp:
+        for i in range(rounds):
+            gc.collect()
+            best_bare = min(best_bare, _bare_sqlite(Path(tmp) / f"bare-{i}.db", bare_rows))
+            gc.collect()
+            url = f"sqlite:///{Path(tmp) / f'sink-{i}.db'}"
+            best_sink = min(best_sink, asyncio.run(_sink(url, url, batches)))
+    return {"rows": rows, "sink": rows / best_sink, "bare": rows / best_bare, "ratio": best_bare / best_sink}
+
+
+# --- MongoDB --------------------------------------------------------------------------------
+
+
+def _mongo_db_url(base: str, name: str) -> str:
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(base)
+    return urlunsplit((parts.scheme, parts.netloc, f"/{name}", parts.query, ""))
+
+
+async def _bare_mongo(url: str, batches: list[Batch]) -> float:
+    from pymongo import AsyncMongoClient
+
+    docs = [
+        {
+            "run_step_details": [msgspec.to_builtins(d) for d in b.deeps],
+            "run_steps": [{**msgspec.to_builtins(s), **({"arguments": _json.encode(s.arguments).decode()} if s.arguments is not None else {})} for s in b.steps],
+            "runs": [msgspec.to_builtins(r) for r in b.runs],
+            "run_state": [{"company_id": s.company_id, "run_id": s.run_id, "state": _json.encode(s).decode()} for s in b.states],
+        }
+        for b in batches
+    ]
+    client: AsyncMongoClient = AsyncMongoClient(url)
+    db = client.get_default_database()
+    try:
+        await db.command("ping")
+        started = time.perf_counter()
+        for batch in docs:
+            for collection, items in batch.items():
+                if items:
+                    await db[collection].insert_many(items, ordered=True)
+        took = time.perf_counter() - started
+        await client.drop_database(db.name)
+    finally:
+        await client.close()
+    return took
+
+
+async def _drop(url: str) -> None:
+    from pymongo import AsyncMongoClient
+
+    client: AsyncMongoClient = AsyncMongoClient(url)
+    try:
+        await client.drop_database(client.get_default_database().name)
+    finally:
+        await client.close()
+
+
+async def _bench_mongo(base: str, batches: list[Batch], rounds: int) -> dict[str, float]:
+    rows = sum(b.rows for b in batches)
+    best_sink = best_bare = float("inf")
+    for _ in range(rounds):
+        tag = uuid.uuid4().hex[:8]
+        best_bare = min(best_bare, await _bare_mongo(_mongo_db_url(base, f"bench_bare_{tag}"), batches))
+        url = _mongo_db_url(base, f"bench_sink_{tag}")
+        try:
+            best_sink = min(best_sink, await _sink(url, url, batches))
+        finally:
+            await _drop(url)
+    return {"rows": rows, "sink": rows / best_sink, "bare": rows / best_bare, "ratio": best_bare / best_sink}
+
+
+def _report(name: str, figures: dict[str, float], batches: list[Batch]) -> None:
+    deep = sum(len(b.deeps) for b in batches)
+    print(f"{name}: {int(figures['rows'])} rows in {len(batches)} batches ({deep} deep)", file=sys.stderr)
+    print(f"{name}.sink_rows_per_s {figures['sink']:.0f}")
+    print(f"{name}.bare_rows_per_s {figures['bare']:.0f}")
+    print(f"{name}.ratio {figures['ratio']:.2f}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--batches", type=int, default=60)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--mongo", default=os.environ.get("STEPSTREAM_TEST_MONGO_URL"), help="MongoDB URL (default: $STEPSTREAM_TEST_MONGO_URL)")
+    parser.add_argument("--mongo-batches", type=int, default=20)
+    args = parser.parse_args(argv)
+
+    batches = workload(args.seed, args.batches)
+    _report("sqlite", bench_sqlite(batches, args.rounds), batches)
+    if args.mongo:
+        mongo_batches = batches[: args.mongo_batches]
+        _report("mongodb", asyncio.run(_bench_mongo(args.mongo, mongo_batches, args.rounds)), mongo_batches)
+    else:
+        print("mongodb: skipped (no --mongo URL and no STEPSTREAM_TEST_MONGO_URL)", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,101 @@
+"""What only one backend has to get right: URL selection, the file format's
+crash tolerance, a shared SQLite file, the optional MongoDB driver."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import sys
+from pathlib import Path
+
+import pytest
+from sink_support import COMPANY, deep, run, state, step
+
+from stepstream.errors import ConfigError
+from stepstream.sinks import DeepStore, RetentionStore, StepStore, open_deep_store, open_step_store
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["postgres://x/y", "redis://h", "stepstream.db", "", "sqlite:///", "sqlite:///:memory:", "file://", "FILE"],
+)
+async def test_an_unusable_url_is_a_config_error(url: str) -> None:
+    with pytest.raises(ConfigError):
+        await open_step_store(url)
+    with pytest.raises(ConfigError):
+        await open_deep_store(url)
+
+
+async def test_every_backend_satisfies_the_protocols(tmp_path: Path) -> None:
+    for url in ("memory://", f"file://{tmp_path}/f", f"sqlite:///{tmp_path}/s.db"):
+        steps, deeps = await open_step_store(url), await open_deep_store(url)
+        assert isinstance(steps, StepStore) and isinstance(deeps, DeepStore) and isinstance(deeps, RetentionStore)
+        await steps.close()
+        await deeps.close()
+
+
+async def test_the_mongodb_extra_missing_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "pymongo", None)
+    monkeypatch.delitem(sys.modules, "stepstream.sinks.mongodb", raising=False)
+    with pytest.raises(ConfigError, match=r"pip install 'stepstream\[mongodb\]'"):
+        await open_step_store("mongodb://127.0.0.1:1/x")
+    monkeypatch.delitem(sys.modules, "stepstream.sinks.mongodb", raising=False)
+
+
+async def test_file_sink_layout_and_torn_lines(tmp_path: Path) -> None:
+    url = f"file://{tmp_path}"
+    steps, deeps = await open_step_store(url), await open_deep_store(url)
+    await steps.write([step(0)], [run()], [state()])
+    await deeps.write([deep(0, output='"a"')])
+    assert sorted(p.name for p in tmp_path.glob("*.jsonl")) == ["deep-trace.jsonl", "run-state.jsonl", "run-steps.jsonl", "runs.jsonl"]
+
+    # A writer killed mid-line leaves a torn tail: readers ignore it...
+    trace = tmp_path / "deep-trace.jsonl"
+    with trace.open("ab") as f:
+        f.write(b'{"company_id":"acme","run_id":"r1","step_seq":1,"ki')
+    assert [d.step_seq for d in await deeps.get_deep(COMPANY, "r1")] == [0]
+    # ...and the next writer starts a fresh line, so the torn one stays one bad line.
+    await deeps.write([deep(2, output='"c"')])
+    other = await open_deep_store(url)
+    assert [d.step_seq for d in await other.get_deep(COMPANY, "r1")] == [0, 2]
+    assert other.bad_lines == 1  # type: ignore[attr-defined]
+    lines = trace.read_bytes().split(b"\n")
+    assert json.loads(lines[-2])["step_seq"] == 2
+    # A purge rewrites the file without the run, torn garbage included.
+    assert await other.purge_run(COMPANY, "r1") == 2
+    assert trace.read_bytes() == b""
+    assert await deeps.get_deep(COMPANY, "r1") == []
+    for store in (steps, deeps, other):
+        await store.close()
+
+
+async def test_file_sink_purge_removes_the_bytes(tmp_path: Path) -> None:
+    deeps = await open_deep_store(f"file://{tmp_path}")
+    await deeps.write([deep(0, "keep", output='"visible"'), deep(0, "gone", output='"s3cr3t-canary"')])
+    await deeps.purge_run(COMPANY, "gone")
+    data = (tmp_path / "deep-trace.jsonl").read_bytes()
+    assert b"s3cr3t-canary" not in data and b"visible" in data
+    await deeps.close()
+
+
+async def test_sqlite_steps_and_bodies_share_one_file(tmp_path: Path) -> None:
+    path = tmp_path / "one.db"
+    steps, deeps = await open_step_store(f"sqlite:///{path}"), await open_deep_store(f"sqlite:///{path}")
+    await steps.write([step(0)], [run()], [state()])
+    await deeps.write([deep(0, kind="thinking", reasoning="x\x00y"), deep(0, kind="thinking", reasoning="z", reasoning_offset=2)])
+    with sqlite3.connect(path) as conn:
+        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        assert tables == {"run_steps", "runs", "run_state", "run_step_details"}
+        assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+        # Plain sqlite3 reads the bodies as written (NUL included).
+        assert conn.execute("SELECT reasoning FROM run_step_details").fetchone() == ("x\x00z",)
+    assert (await deeps.get_deep(COMPANY, "r1"))[0].reasoning == "x\x00z"
+    await steps.close()
+    await deeps.close()
+
+
+async def test_sqlite_relative_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    steps = await open_step_store("sqlite:///rel.db")
+    await steps.close()
+    assert (tmp_path / "rel.db").exists()
