@@ -14,12 +14,11 @@ KAFKA_PORT ?= 9092
 MONGO_PORT ?= 27017
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
-BENCH_WORKER_ARGS ?=
 
 .PHONY: help venv kafka-up kafka-down mongo-up mongo-down test run bench schemas soak clean
 
 help: ## List the targets
-	@echo "stepstream: make <target> [KAFKA_PORT=9092] [MONGO_PORT=27017] [PYTEST_ARGS='-k name'] [BENCH_WORKER_ARGS='--events 50000']"
+	@echo "stepstream: make <target> [KAFKA_PORT=9092] [MONGO_PORT=27017] [PYTEST_ARGS='-k name'] [BENCH_ARGS=--quick]"
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z][a-z-]*:.*## / {printf "  %-11s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 venv: $(VENV_STAMP) ## Create .venv with the package and its test extras (again only when pyproject.toml changes)
@@ -48,9 +47,8 @@ test: venv ## Run the whole suite against a throwaway broker and FerretDB on fre
 run: venv ## Start the broker, worker, API and a demo agent locally (on SQLite)
 	@deploy/run.sh
 
-bench: venv ## Benchmarks: the engine alone, then the worker against a throwaway broker
-	$(VENV)/bin/python -m benchmarks.bench_engine $(BENCH_ARGS)
-	deploy/with-servers.sh --no-mongo -- $(VENV)/bin/python -m benchmarks.bench_worker $(BENCH_WORKER_ARGS)
+bench: venv ## Every benchmark (python -m benchmarks) against a throwaway broker and FerretDB; BENCH_ARGS=--quick for a smoke run
+	deploy/with-servers.sh -- $(VENV)/bin/python -m benchmarks $(BENCH_ARGS)
 
 schemas: venv ## Regenerate schemas/*.schema.json from the msgspec Structs
 	$(VENV)/bin/python -m stepstream.schemagen schemas

@@ -126,6 +126,19 @@ async def bare_loop(broker: str, topic: str, total: int) -> tuple[float, float]:
         await consumer.stop()
 
 
+def faust_noop(broker: str, topic: str, total: int, tmp: Path) -> tuple[float, float]:
+    """Seconds and CPU seconds of a faust agent that only acks, over the same topic."""
+    result = tmp / "noop.json"
+    subprocess.run(
+        [sys.executable, "-m", "benchmarks.faust_noop", broker, topic, str(total), str(result)],
+        check=False, timeout=900, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    import json
+
+    data = json.loads(result.read_text())
+    return data["seconds"], data["cpu"]
+
+
 class Worker:
     def __init__(self, broker: str, topic: str, tmp: Path, name: str) -> None:
         self.port = _free_port()
@@ -218,6 +231,7 @@ async def main_async(args: argparse.Namespace) -> None:
               f"{sum(len(b) for _, b in blobs) / len(blobs):.0f} B mean) preloaded in {time.perf_counter() - t0:.1f}s", file=sys.stderr)
 
         bare_s, bare_cpu = await bare_loop(broker, topic, len(events))
+        noop_s, noop_cpu = faust_noop(broker, topic, len(events), tmp)
         worker = Worker(broker, topic, tmp, "throughput")
         worker.wait_up()
         first, done = _wait_events(worker, len(events))
@@ -228,7 +242,10 @@ async def main_async(args: argparse.Namespace) -> None:
         rate = len(events) / max(done - first, 1e-9)
         print(f"bare aiokafka getmany+decode: {bare_rate:,.0f} events/s ({bare_cpu / len(events) * 1e6:.1f} us CPU/event)")
         print(f"worker end-to-end into SQLite: {rate:,.0f} events/s ({cpu / len(events) * 1e6:.1f} us CPU/event, whole process)")
-        print(f"ratio worker/bare: {rate / bare_rate:.2f}")
+        noop_rate = len(events) / noop_s
+        print(f"faust no-op agent (ack only): {noop_rate:,.0f} events/s ({noop_cpu / len(events) * 1e6:.1f} us CPU/event)")
+        print(f"ratio worker/bare: {rate / bare_rate:.2f}   worker/faust-no-op: {rate / noop_rate:.2f}   "
+              f"faust-no-op/bare: {noop_rate / bare_rate:.2f}")
 
         # Latency at half the measured maximum: produce paced, events stamped at send time.
         target = rate / 2

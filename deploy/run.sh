@@ -1,10 +1,92 @@
 #!/usr/bin/env bash
-# `make run`: the local demo stack. For now only the broker; the worker, the API and
-# the demo agent are wired in here as they land (README: `make run` starts them all).
+# `make run`: the local stack on SQLite: a Kafka broker, the worker, and a demo agent.
+# Runs in the foreground; Ctrl-C stops the worker and the broker.
+#
+# Environment: KAFKA_PORT (9092), WEB_PORT (6066), DEMO_RUNS (40), RUN_DIR (.run).
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo"
+run_dir="${RUN_DIR:-.run}"
+web_port="${WEB_PORT:-6066}"
+mkdir -p "$run_dir"
+py=.venv/bin/python
+db="$run_dir/stepstream.db"
 
-broker="$(deploy/kafka/kafka.sh up --port "${KAFKA_PORT:-9092}" --data .run/kafka)"
-echo "Kafka broker: $broker (stop it with 'make kafka-down')"
-echo "The worker, API and demo agent are not wired into 'make run' yet."
+broker="$(deploy/kafka/kafka.sh status --data "$run_dir/kafka" 2>/dev/null || deploy/kafka/kafka.sh up --port "${KAFKA_PORT:-9092}" --data "$run_dir/kafka")"
+echo "run: Kafka broker       $broker   (data $run_dir/kafka)"
+
+export STEPSTREAM_BROKER="$broker"
+export STEPSTREAM_STEPS_SINK="sqlite:///$repo/$db"
+export STEPSTREAM_WEB_PORT="$web_port"
+
+worker_pid=""
+stop() {
+    trap - EXIT INT TERM
+    if [[ -n "$worker_pid" ]]; then
+        echo "run: stopping the worker"
+        kill "$worker_pid" 2>/dev/null || true
+        wait "$worker_pid" 2>/dev/null || true
+    fi
+    echo "run: stopping the broker"
+    deploy/kafka/kafka.sh down --data "$run_dir/kafka" || true
+}
+trap stop EXIT
+trap 'exit 130' INT TERM
+
+.venv/bin/stepstream worker >"$run_dir/worker.log" 2>&1 &
+worker_pid=$!
+for _ in $(seq 1 150); do
+    curl -fsS "http://127.0.0.1:$web_port/healthz" >/dev/null 2>&1 && break
+    kill -0 "$worker_pid" 2>/dev/null || { echo "run: the worker exited; see $run_dir/worker.log" >&2; tail -20 "$run_dir/worker.log" >&2; exit 1; }
+    sleep 0.2
+done
+echo "run: worker             pid $worker_pid, metrics http://127.0.0.1:$web_port/metrics, log $run_dir/worker.log"
+
+.venv/bin/stepstream demo --runs "${DEMO_RUNS:-40}" --companies 4 --out "$run_dir/demo-events.jsonl"
+
+"$py" - "$web_port" "$run_dir/demo-events.jsonl" <<'PY'
+import sys, time, urllib.request
+port, path = sys.argv[1], sys.argv[2]
+want = sum(1 for line in open(path, "rb") if line.strip())
+def applied():
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    return sum(float(l.rpartition(" ")[2]) for l in text.splitlines() if l.startswith("stepstream_events_total{"))
+deadline = time.time() + 120
+while time.time() < deadline and applied() < want:
+    time.sleep(0.5)
+print(f"run: worker applied {applied():.0f} of {want} demo events (the idle timer flushes open thinking tails after 5s)")
+PY
+sleep 6
+
+"$py" - "$STEPSTREAM_STEPS_SINK" "$run_dir/demo-events.jsonl" <<'PY'
+import asyncio, sys
+import msgspec
+from stepstream.sinks import open_deep_store, open_step_store
+
+async def main(url, path):
+    companies = sorted({msgspec.json.decode(line)["company_id"] for line in open(path, "rb") if line.strip()})
+    steps, deep = await open_step_store(url), await open_deep_store(url)
+    for company in companies:
+        runs = await steps.list_runs(company, limit=1000)
+        if not runs:
+            continue
+        failed = sum(r.status == "failed" for r in runs)
+        print(f"  {company:10s} {len(runs):3d} runs ({failed} failed), {sum(r.step_count for r in runs)} steps")
+    await steps.close(); await deep.close()
+
+print("run: what landed in SQLite:")
+asyncio.run(main(sys.argv[1], sys.argv[2]))
+PY
+
+cat <<EOF
+
+Look at the results:
+  metrics     curl -s http://127.0.0.1:$web_port/metrics | grep ^stepstream_
+  readiness   curl -s http://127.0.0.1:$web_port/ready
+  the rows    sqlite database $db (steps, deep companions, runs)
+  more runs   .venv/bin/stepstream demo --broker $broker --runs 100
+  offline     .venv/bin/stepstream ingest-file $run_dir/demo-events.jsonl --steps-sink sqlite:///$run_dir/offline.db
+The read API and the .sftrace export are later issues; 'make run' will start the API once it exists.
+Ctrl-C stops the worker and the broker.
+EOF
+wait "$worker_pid"

@@ -182,7 +182,7 @@ up() {
     local pid
     if pid="$(running_pid)"; then
         log "already running (pid $pid) with data in $data"
-        cat "$url_file"
+        cat "$url_file" 2>/dev/null || log "its address file $url_file is missing: stop it with 'down' and start again"
         return 0
     fi
     build

@@ -211,7 +211,7 @@ up() {
     local pid
     if pid="$(running_pid)"; then
         log "already running (pid $pid) with data in $data"
-        cat "$addr_file"
+        cat "$addr_file" 2>/dev/null || log "its address file $addr_file is missing: stop it with 'down' and start again"
         return 0
     fi
     command -v java >/dev/null || die "java not found: the broker needs JDK 17+"

@@ -1,0 +1,36 @@
+"""``make bench``: every benchmark, each printing ratios measured side by side in one run.
+
+    python -m benchmarks [--broker HOST:PORT] [--mongo URL] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks")
+    parser.add_argument("--broker", default=os.environ.get("STEPSTREAM_TEST_BROKER"))
+    parser.add_argument("--mongo", default=os.environ.get("STEPSTREAM_TEST_MONGO_URL"))
+    parser.add_argument("--quick", action="store_true", help="smaller corpora, for a smoke run")
+    args = parser.parse_args()
+
+    from benchmarks import bench_engine, bench_sinks, bench_worker
+
+    print("== engine (decode + fold vs msgspec decode alone) ==", flush=True)
+    bench_engine.main(["--runs", "100", "--rounds", "2", "--open-runs", "2000"] if args.quick else [])
+    print("\n== sinks (SQLite / MongoDB vs bare driver) ==", flush=True)
+    bench_sinks.main((["--mongo", args.mongo] if args.mongo else []) + (["--quick"] if args.quick else []))
+    if args.broker:
+        print("\n== worker (end to end on the real broker) ==", flush=True)
+        quick = ["--events", "20000", "--latency-seconds", "3", "--open-runs", "1000"] if args.quick else []
+        bench_worker.main(["--broker", args.broker, *quick])
+    else:
+        print("\n(worker benchmark skipped: no --broker / STEPSTREAM_TEST_BROKER; `make bench` starts one)", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
