@@ -45,6 +45,8 @@ port_in_use() {
     python3 - "$1" <<'PY'
 import socket, sys
 s = socket.socket()
+# As the broker binds: SO_REUSEADDR, so a restart is not refused by old TIME_WAIT connections.
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 try:
     s.bind(("127.0.0.1", int(sys.argv[1])))
 except OSError:

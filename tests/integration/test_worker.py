@@ -238,3 +238,40 @@ async def test_bad_input_is_dead_lettered_and_good_runs_complete(scenario, corpu
     assert reasons.get("oversize") == 500 and reasons.get("unknown_type") == 500, reasons
     got = await dump(scenario.steps_url, scenario.deep_url, companies)
     assert got == golden, first_difference(golden, got)
+
+
+async def test_broker_restart_mid_stream_converges(corpus, golden, tmp_path):
+    """A broker of our own (same data dir, same port) stopped and started while the
+    worker is busy: the worker reconnects and the sinks still equal the golden."""
+    import subprocess
+
+    from harness import free_port
+
+    events, companies = corpus
+    kafka = Path(__file__).resolve().parents[2] / "deploy" / "kafka" / "kafka.sh"
+    data = tmp_path / "kafka"
+    port = free_port()
+
+    def broker(*args: str) -> str:
+        done = subprocess.run([str(kafka), *args, "--data", str(data)], capture_output=True, text=True, timeout=180)
+        assert done.returncode == 0, done.stderr[-2000:]
+        return done.stdout.strip()
+
+    address = broker("up", "--port", str(port))
+    try:
+        scenario = Scenario(address, tmp_path)
+        await scenario.create_topics()
+        worker = scenario.start_worker(name="restart")
+        half = len(events) // 2
+        await scenario.produce(events[:half])
+        await asyncio.sleep(3)
+        broker("down")
+        await asyncio.sleep(2)
+        assert broker("up", "--port", str(port)) == address
+        await scenario.produce(events[half:])
+        await wait_caught_up(address, scenario.group, scenario.topic, [worker], timeout=240)
+        worker.stop()
+        got = await dump(scenario.steps_url, scenario.deep_url, companies)
+        assert got == golden, first_difference(golden, got)
+    finally:
+        subprocess.run([str(kafka), "down", "--data", str(data)], capture_output=True, timeout=60)

@@ -13,10 +13,11 @@ writes in the same transaction as the rows it describes (DESIGN-NOTES.md).
 **Write semantics (every backend).** A write replaces on its key *field by
 field*: a field written as ``None`` keeps the stored value, any other value
 replaces it. That is how a ``tool_result`` completes the row its ``tool_call``
-wrote without the engine holding the call's arguments in memory. Two fields
+wrote without the engine holding the call's arguments in memory. Three fields
 merge differently:
 
 * ``DeepRecord.clipped`` is sticky: stored ``clipped = stored or written``.
+* ``DeepRecord.ts`` keeps the latest: stored ``ts = max(stored, written)``.
 * ``DeepRecord.reasoning`` is positional: a write carries the text *from
   character* ``reasoning_offset`` on, so the stored text becomes
   ``stored[:reasoning_offset] + written``. Writing the same chunk twice gives

@@ -150,7 +150,7 @@ def create_app(settings: Settings, metrics: Metrics | None = None) -> faust.App:
         web_in_thread=False,
         # faust's default data folder is "<app id>-data" in the working directory; we keep
         # nothing in it (no tables), so it goes under the temp dir instead.
-        datadir=str(Path(tempfile.gettempdir()) / "stepstream-faust" / settings.app_id),
+        datadir=str(Path(tempfile.gettempdir()) / f"stepstream-faust-{settings.app_id}"),
     )
     raw = app.topic(settings.topic, key_type=bytes, value_type=bytes, partitions=settings.partitions)
     dlq = app.topic(settings.dlq, key_type=bytes, value_type=bytes, partitions=settings.partitions)
