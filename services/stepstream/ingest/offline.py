@@ -40,11 +40,12 @@ async def ingest_file(
     max_event_bytes: int = 1_048_576,
     limits: Limits | None = None,
     progress: bool = True,
-    stderr: IO[str] = sys.stderr,
+    stderr: IO[str] | None = None,
     metrics: Metrics | None = None,
 ) -> IngestReport:
     """Ingest ``path`` into the two sinks; returns counts. Blank lines are skipped."""
     report = IngestReport()
+    stderr = stderr if stderr is not None else sys.stderr
     steps = await open_step_store(steps_url)
     deep = await open_deep_store(deep_url)
     reject_out = None
