@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -17,6 +18,9 @@ from pathlib import Path
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
+from stepstream.config import load_settings
+from stepstream.emitter.producer import Emitter
+from stepstream.ingest.app import ensure_topics
 from stepstream.sinks import open_deep_store, open_step_store
 
 
@@ -192,3 +196,38 @@ def first_difference(a: dict, b: dict) -> str:
                             return f"{key} {part}:\n  {x}\n  {y}"
                 return f"{key} {part}:\n  {left}\n  {right}"
     return "no difference"
+
+
+class Scenario:
+    def __init__(self, broker: str, tmp: Path, partitions: int = 4) -> None:
+        self.partitions = partitions
+        tag = uuid.uuid4().hex[:8]
+        self.broker = broker
+        self.topic = f"events-{tag}"
+        self.group = f"stepstream-test-{tag}"
+        self.tmp = tmp
+        self.steps_url = f"sqlite:///{tmp / 'steps.db'}"
+        self.deep_url = f"sqlite:///{tmp / 'deep.db'}"
+        self.workers: list[WorkerProcess] = []
+
+    def settings(self):
+        return load_settings({"broker": self.broker, "topic": self.topic, "partitions": self.partitions}, environ={})
+
+    async def create_topics(self) -> None:
+        await ensure_topics(self.settings())
+
+    def start_worker(self, name: str = "w", **env: str) -> WorkerProcess:
+        worker = WorkerProcess(
+            broker=self.broker, topic=self.topic, app_id=self.group, steps_sink=self.steps_url,
+            deep_sink=self.deep_url, log_dir=self.tmp, partitions=self.partitions, extra_env=env, name=name,
+        )
+        self.workers.append(worker)
+        return worker
+
+    async def produce(self, events) -> None:
+        async with Emitter(self.broker, self.topic) as emitter:
+            await emitter.emit_many(events)
+
+    def stop_all(self) -> None:
+        for w in self.workers:
+            w.stop()

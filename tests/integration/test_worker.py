@@ -6,18 +6,15 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-import uuid
 from pathlib import Path
 
 import pytest
 from aiokafka import AIOKafkaConsumer
 
-from harness import WorkerProcess, dump, first_difference, wait_caught_up
-from stepstream.config import load_settings
+from harness import Scenario, dump, first_difference, wait_caught_up
 from stepstream.core.wire import encode_event
 from stepstream.emitter.corpus import generate_events
 from stepstream.emitter.producer import Emitter
-from stepstream.ingest.app import ensure_topics
 from stepstream.ingest.offline import ingest_file
 
 pytestmark = pytest.mark.integration
@@ -49,43 +46,9 @@ def golden(corpus, tmp_path_factory):
     return data
 
 
-class Scenario:
-    def __init__(self, broker: str, tmp: Path) -> None:
-        tag = uuid.uuid4().hex[:8]
-        self.broker = broker
-        self.topic = f"events-{tag}"
-        self.group = f"stepstream-test-{tag}"
-        self.tmp = tmp
-        self.steps_url = f"sqlite:///{tmp / 'steps.db'}"
-        self.deep_url = f"sqlite:///{tmp / 'deep.db'}"
-        self.workers: list[WorkerProcess] = []
-
-    def settings(self):
-        return load_settings({"broker": self.broker, "topic": self.topic, "partitions": PARTITIONS}, environ={})
-
-    async def create_topics(self) -> None:
-        await ensure_topics(self.settings())
-
-    def start_worker(self, name: str = "w", **env: str) -> WorkerProcess:
-        worker = WorkerProcess(
-            broker=self.broker, topic=self.topic, app_id=self.group, steps_sink=self.steps_url,
-            deep_sink=self.deep_url, log_dir=self.tmp, partitions=PARTITIONS, extra_env=env, name=name,
-        )
-        self.workers.append(worker)
-        return worker
-
-    async def produce(self, events) -> None:
-        async with Emitter(self.broker, self.topic) as emitter:
-            await emitter.emit_many(events)
-
-    def stop_all(self) -> None:
-        for w in self.workers:
-            w.stop()
-
-
 @pytest.fixture
 def scenario(kafka_bootstrap, tmp_path):
-    s = Scenario(kafka_bootstrap, tmp_path)
+    s = Scenario(kafka_bootstrap, tmp_path, PARTITIONS)
     yield s
     s.stop_all()
 
@@ -259,7 +222,7 @@ async def test_broker_restart_mid_stream_converges(corpus, golden, tmp_path):
 
     address = broker("up", "--port", str(port))
     try:
-        scenario = Scenario(address, tmp_path)
+        scenario = Scenario(address, tmp_path, PARTITIONS)
         await scenario.create_topics()
         worker = scenario.start_worker(name="restart")
         half = len(events) // 2

@@ -98,6 +98,9 @@ async def _translated(what: str) -> AsyncIterator[None]:
         raise SinkError(f"mongodb sink: {what}: {exc}") from exc
 
 
+FERRETDB_UPDATES_PER_COMMAND = 16
+
+
 class _Connection:
     """One client and its database, shared by the collections of one store."""
 
@@ -105,6 +108,8 @@ class _Connection:
         self.url = url
         self.client: Any = None
         self.db: Any = None
+        self.ferretdb = False
+        self._bulk_lock = asyncio.Lock()
 
     async def open(self, indexes: dict[str, list[tuple[list[tuple[str, int]], dict[str, Any]]]]) -> None:
         async with _translated("open"):
@@ -113,7 +118,8 @@ class _Connection:
             except pymongo.errors.ConfigurationError as exc:
                 raise ConfigError(f"bad mongodb URL: {exc}") from exc
             self.db = self.client.get_default_database(default=DEFAULT_DATABASE)
-            await self.db.command("ping")
+            build = await self.db.command("buildInfo")
+            self.ferretdb = "ferretdbVersion" in build
             for collection, specs in indexes.items():
                 for keys, options in specs:
                     await self.db[collection].create_index(keys, **options)
@@ -122,6 +128,22 @@ class _Connection:
         if self.client is not None:
             await self.client.close()
         self.client = self.db = None
+
+    async def bulk(self, collection: str, ops: list[Any]) -> None:
+        """One ordered ``bulk_write``; against FerretDB, in commands of at most
+        :data:`FERRETDB_UPDATES_PER_COMMAND` statements, one command at a time.
+
+        FerretDB 1.24 keeps the SQLite cursor of every matching update statement
+        open until the whole ``update`` command ends (``defer`` in a loop,
+        ``handler/msg_update.go``), and its pool has 100 connections per database:
+        a command of about 100 updates to existing documents, or several such
+        commands at once, deadlock the whole server."""
+        if not self.ferretdb:
+            await self[collection].bulk_write(ops, ordered=True)
+            return
+        async with self._bulk_lock:
+            for start in range(0, len(ops), FERRETDB_UPDATES_PER_COMMAND):
+                await self[collection].bulk_write(ops[start : start + FERRETDB_UPDATES_PER_COMMAND], ordered=True)
 
     def __getitem__(self, collection: str) -> Any:
         if self.db is None:
@@ -213,11 +235,11 @@ class MongoStepStore:
     ) -> None:
         async with _translated("write"):
             if steps:
-                await self._conn["run_steps"].bulk_write([_step_op(s) for s in steps], ordered=True)
+                await self._conn.bulk("run_steps", [_step_op(s) for s in steps])
             if runs:
-                await self._conn["runs"].bulk_write([_run_op(r) for r in runs], ordered=True)
+                await self._conn.bulk("runs", [_run_op(r) for r in runs])
             if states:
-                await self._conn["run_state"].bulk_write([_state_op(s) for s in states], ordered=True)
+                await self._conn.bulk("run_state", [_state_op(s) for s in states])
 
     async def load_states(self, company_id: str, run_ids: Sequence[str]) -> dict[str, RunState]:
         if not run_ids:
@@ -298,7 +320,7 @@ class MongoDeepStore:
                 else:
                     update["$setOnInsert"] = {"clipped": False}
                 ops.append(UpdateOne({"_id": row_id(*key)}, update, upsert=True))
-            await self._conn["run_step_details"].bulk_write(ops, ordered=True)
+            await self._conn.bulk("run_step_details", ops)
 
     async def _stored_reasoning(self, deeps: Sequence[DeepRecord]) -> dict[StepKey, str | None]:
         """Stored reasoning of the rows whose first reasoning write in this batch
