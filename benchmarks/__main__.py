@@ -22,7 +22,7 @@ def main() -> int:
     print("== engine (decode + fold vs msgspec decode alone) ==", flush=True)
     bench_engine.main(["--runs", "100", "--rounds", "2", "--open-runs", "2000"] if args.quick else [])
     print("\n== sinks (SQLite / MongoDB vs bare driver) ==", flush=True)
-    bench_sinks.main((["--mongo", args.mongo] if args.mongo else []) + (["--quick"] if args.quick else []))
+    bench_sinks.main((["--mongo", args.mongo] if args.mongo else []) + (["--batches", "10", "--rounds", "1"] if args.quick else []))
     if args.broker:
         print("\n== worker (end to end on the real broker) ==", flush=True)
         quick = ["--events", "20000", "--latency-seconds", "3", "--open-runs", "1000"] if args.quick else []

@@ -1,14 +1,16 @@
 """Sink benchmark: the SQLite (and MongoDB) sink against the bare driver, side by side.
 
     PYTHONPATH=services python -m benchmarks.bench_sinks [--batches 60] [--rounds 3]
-                                                          [--mongo mongodb://127.0.0.1:27017/]
+        [--mongo mongodb://127.0.0.1:27017/] [--mongo-batches 10] [--mongo-rounds 1]
 
-The workload is what the worker writes (generated, seeded): 40 runs interleaved,
+The workload is what the worker writes (generated, seeded): 200 runs interleaved,
 each a sequence of thinking steps of 2-24 KB flushed in 2 KiB positional chunks
 (a deep reasoning chunk plus a rewrite of the thinking step per flush) and tool
 calls (a step written running then completed, raw arguments of 0.2-4 KB and raw
 output of 1-60 KB on the deep row), plus the run record and the run state of every
-run a batch touches. Batches hold ~500 rows.
+run a batch touches. Batches hold ~500 rows after coalescing by key exactly as the
+worker's pipeline does (``core.merge``: one step row per key, adjacent reasoning
+chunks of a step joined), so both sides write what the worker would hand the sink.
 
 * **sink**: ``SqliteDeepStore.write(deeps)`` then ``SqliteStepStore.write(steps,
   runs, states)`` per batch, as the worker does (port clip, msgspec conversion,
@@ -16,6 +18,11 @@ run a batch touches. Batches hold ~500 rows.
 * **bare**: plain ``sqlite3`` on the same schema and PRAGMAs, the same rows as
   ready-made tuples, ``INSERT OR REPLACE`` via ``executemany``, one transaction
   per batch. It stores each reasoning *chunk* (no positional merge).
+* **bare_as_stored**: the same, but each reasoning row carries the whole text the
+  sink stores after that write (``stored[:offset] + chunk``). The positional merge
+  rewrites a thinking step's accumulated text on every flush (about 5x the chunk
+  bytes in this mix); ``ratio_as_stored`` shows the sink's own overhead once that
+  inherent cost is on both sides.
 
 Each round runs both on fresh files, interleaved; the best round of each counts.
 ``ratio`` is sink rows/s over bare rows/s (the aim is >= 0.8). With ``--mongo`` or
@@ -41,6 +48,7 @@ from typing import Any
 
 import msgspec
 
+from stepstream.core.merge import can_merge_deep, merge_deep, merge_step
 from stepstream.core.records import DeepRecord, RunRecord, RunState, StepRecord
 from stepstream.sinks import open_deep_store, open_step_store
 from stepstream.sinks.sqlite import deep_schema, step_schema
@@ -61,7 +69,9 @@ class Batch(msgspec.Struct):
 
 
 def _ts(n: int) -> str:
-    return f"2026-01-01T{n // 3_600_000_000 % 24:02d}:{n // 60_000_000 % 60:02d}:{n // 1_000_000 % 60:02d}.{n % 1_000_000:06d}Z"
+    """Microsecond ``n`` of 2026-01-01 as RFC 3339 UTC."""
+    hours, minutes, seconds = n // 3_600_000_000 % 24, n // 60_000_000 % 60, n // 1_000_000 % 60
+    return f"2026-01-01T{hours:02d}:{minutes:02d}:{seconds:02d}.{n % 1_000_000:06d}Z"
 
 
 class _Run:
@@ -72,7 +82,7 @@ class _Run:
         self.pending: Iterator[list[DeepRecord | StepRecord]] | None = None
 
 
-def workload(seed: int, batches: int, runs: int = 40) -> list[Batch]:
+def workload(seed: int, batches: int, runs: int = 200) -> list[Batch]:
     """``batches`` batches of ~500 rows from ``runs`` interleaved runs (see the module doc)."""
     rng = random.Random(seed)
     pool = "".join(rng.choice("abcdefghij klmnopqrstuvwxyz.,\n") for _ in range(70_000)) + "é日\U0001f600" * 100
@@ -94,10 +104,25 @@ def workload(seed: int, batches: int, runs: int = 40) -> list[Batch]:
         for offset in range(0, total, CHUNK):
             now = tick()
             yield [
-                DeepRecord(company_id=c, run_id=r, step_seq=ordinal, kind="thinking", ts=now,
-                           reasoning=text(min(CHUNK, total - offset)), reasoning_offset=offset),
-                StepRecord(company_id=c, run_id=r, step_seq=ordinal, kind="thinking", label="thinking",
-                           status="running", started_at=started, ended_at=now),
+                DeepRecord(
+                    company_id=c,
+                    run_id=r,
+                    step_seq=ordinal,
+                    kind="thinking",
+                    ts=now,
+                    reasoning=text(min(CHUNK, total - offset)),
+                    reasoning_offset=offset,
+                ),
+                StepRecord(
+                    company_id=c,
+                    run_id=r,
+                    step_seq=ordinal,
+                    kind="thinking",
+                    label="thinking",
+                    status="running",
+                    started_at=started,
+                    ended_at=now,
+                ),
             ]
 
     def tool(run: _Run) -> Iterator[list[DeepRecord | StepRecord]]:
@@ -105,17 +130,39 @@ def workload(seed: int, batches: int, runs: int = 40) -> list[Batch]:
         run.ordinal += 1
         started, args = tick(), text(rng.randrange(200, 4_000))
         yield [
-            StepRecord(company_id=c, run_id=r, step_seq=ordinal, kind="tool", label="read_file", status="running",
-                       call_id=f"call-{ordinal}", arguments={"path": "/srv/app/main.py", "lines": [1, 400]},
-                       input_shape="2 fields", started_at=started),
+            StepRecord(
+                company_id=c,
+                run_id=r,
+                step_seq=ordinal,
+                kind="tool",
+                label="read_file",
+                status="running",
+                call_id=f"call-{ordinal}",
+                arguments={"path": "/srv/app/main.py", "lines": [1, 400]},
+                input_shape="2 fields",
+                started_at=started,
+            ),
             DeepRecord(company_id=c, run_id=r, step_seq=ordinal, kind="tool", ts=started, arguments=args),
         ]
         ended = tick()
         yield [
-            StepRecord(company_id=c, run_id=r, step_seq=ordinal, kind="tool", status="ok",
-                       output_shape="4.2k characters", ended_at=ended),
-            DeepRecord(company_id=c, run_id=r, step_seq=ordinal, kind="tool", ts=ended,
-                       output=text(rng.randrange(1_000, 60_000))),
+            StepRecord(
+                company_id=c,
+                run_id=r,
+                step_seq=ordinal,
+                kind="tool",
+                status="ok",
+                output_shape="4.2k characters",
+                ended_at=ended,
+            ),
+            DeepRecord(
+                company_id=c,
+                run_id=r,
+                step_seq=ordinal,
+                kind="tool",
+                ts=ended,
+                output=text(rng.randrange(1_000, 60_000)),
+            ),
         ]
 
     def script(run: _Run) -> Iterator[list[DeepRecord | StepRecord]]:
@@ -129,7 +176,7 @@ def workload(seed: int, batches: int, runs: int = 40) -> list[Batch]:
     made = runs
     out: list[Batch] = []
     while len(out) < batches:
-        batch = Batch([], [], [], [])
+        batch = _Coalescing()
         touched: dict[int, _Run] = {}
         while batch.rows + 2 * len(touched) < BATCH_ROWS:
             i = rng.randrange(len(active))
@@ -141,16 +188,49 @@ def workload(seed: int, batches: int, runs: int = 40) -> list[Batch]:
                 made += 1
                 continue
             for record in unit:
-                (batch.deeps if isinstance(record, DeepRecord) else batch.steps).append(record)
+                batch.add(record)
             run.seq += 1
             run.record = msgspec.structs.replace(run.record, step_count=run.ordinal, last_event_at=_ts(clock[0]))
             touched[id(run)] = run
+        runs_, states = [], []
         for run in touched.values():
-            batch.runs.append(run.record)
-            batch.states.append(RunState(company_id=run.record.company_id, run_id=run.record.run_id,
-                                         last_seq=run.seq, next_ordinal=run.ordinal, run=run.record))
-        out.append(batch)
+            runs_.append(run.record)
+            states.append(
+                RunState(
+                    company_id=run.record.company_id,
+                    run_id=run.record.run_id,
+                    last_seq=run.seq,
+                    next_ordinal=run.ordinal,
+                    run=run.record,
+                )
+            )
+        out.append(Batch(batch.deeps, list(batch.steps.values()), runs_, states))
     return out
+
+
+class _Coalescing:
+    """A batch coalesced by key exactly as the worker's pipeline does (``core.merge``)."""
+
+    def __init__(self) -> None:
+        self.steps: dict[tuple[str, str, int], StepRecord] = {}
+        self.deeps: list[DeepRecord] = []
+        self.deep_at: dict[tuple[str, str, int], int] = {}
+
+    @property
+    def rows(self) -> int:
+        return len(self.steps) + len(self.deeps)
+
+    def add(self, record: DeepRecord | StepRecord) -> None:
+        key = (record.company_id, record.run_id, record.step_seq)
+        if isinstance(record, StepRecord):
+            self.steps[key] = merge_step(self.steps.get(key), record)
+            return
+        at = self.deep_at.get(key)
+        if at is not None and can_merge_deep(self.deeps[at], record):
+            self.deeps[at] = merge_deep(self.deeps[at], record)
+        else:
+            self.deep_at[key] = len(self.deeps)
+            self.deeps.append(record)
 
 
 # --- SQLite ---------------------------------------------------------------------------------
@@ -158,17 +238,38 @@ def workload(seed: int, batches: int, runs: int = 40) -> list[Batch]:
 _json = msgspec.json.Encoder()
 
 
-def _bare_rows(batches: list[Batch]) -> list[dict[str, list[tuple[Any, ...]]]]:
-    """The same rows as ready-made tuples for plain sqlite3 (prepared outside the timing)."""
+def _bare_rows(batches: list[Batch], *, as_stored: bool = False) -> list[dict[str, list[tuple[Any, ...]]]]:
+    """The same rows as ready-made tuples for plain sqlite3 (prepared outside the timing).
+    ``as_stored``: each reasoning row carries the whole text the sink stores after that
+    write (``stored[:offset] + chunk``) instead of the chunk."""
     astuple = msgspec.structs.astuple
+    text: dict[tuple[str, str, int], str] = {}
     out = []
     for b in batches:
-        out.append({
-            "run_step_details": [(d.company_id, d.run_id, d.step_seq, d.kind, d.ts, d.reasoning, d.arguments, d.output, int(d.clipped)) for d in b.deeps],
-            "run_steps": [(*astuple(s)[:7], _json.encode(s.arguments).decode() if s.arguments is not None else None, *astuple(s)[8:]) for s in b.steps],
-            "runs": [(*astuple(r), r.started_at or r.last_event_at or "") for r in b.runs],
-            "run_state": [(s.company_id, s.run_id, _json.encode(s).decode()) for s in b.states],
-        })
+        deeps = []
+        for d in b.deeps:
+            reasoning = d.reasoning
+            if as_stored and reasoning is not None:
+                key = (d.company_id, d.run_id, d.step_seq)
+                reasoning = text[key] = text.get(key, "")[: d.reasoning_offset] + reasoning
+            deeps.append(
+                (d.company_id, d.run_id, d.step_seq, d.kind, d.ts, reasoning, d.arguments, d.output, int(d.clipped))
+            )
+        out.append(
+            {
+                "run_step_details": deeps,
+                "run_steps": [
+                    (
+                        *astuple(s)[:7],
+                        _json.encode(s.arguments).decode() if s.arguments is not None else None,
+                        *astuple(s)[8:],
+                    )
+                    for s in b.steps
+                ],
+                "runs": [(*astuple(r), r.started_at or r.last_event_at or "") for r in b.runs],
+                "run_state": [(s.company_id, s.run_id, _json.encode(s).decode()) for s in b.states],
+            }
+        )
     return out
 
 
@@ -208,16 +309,25 @@ async def _sink(steps_url: str, deep_url: str, batches: list[Batch]) -> float:
 
 def bench_sqlite(batches: list[Batch], rounds: int) -> dict[str, float]:
     rows = sum(b.rows for b in batches)
-    bare_rows = _bare_rows(batches)
-    best_sink = best_bare = float("inf")
+    bare_rows, stored_rows = _bare_rows(batches), _bare_rows(batches, as_stored=True)
+    best_sink = best_bare = best_stored = float("inf")
     with tempfile.TemporaryDirectory(prefix="bench-sinks-") as tmp:
         for i in range(rounds):
             gc.collect()
             best_bare = min(best_bare, _bare_sqlite(Path(tmp) / f"bare-{i}.db", bare_rows))
             gc.collect()
+            best_stored = min(best_stored, _bare_sqlite(Path(tmp) / f"stored-{i}.db", stored_rows))
+            gc.collect()
             url = f"sqlite:///{Path(tmp) / f'sink-{i}.db'}"
             best_sink = min(best_sink, asyncio.run(_sink(url, url, batches)))
-    return {"rows": rows, "sink": rows / best_sink, "bare": rows / best_bare, "ratio": best_bare / best_sink}
+    return {
+        "rows": rows,
+        "sink": rows / best_sink,
+        "bare": rows / best_bare,
+        "ratio": best_bare / best_sink,
+        "bare_as_stored": rows / best_stored,
+        "ratio_as_stored": best_stored / best_sink,
+    }
 
 
 # --- MongoDB --------------------------------------------------------------------------------
@@ -236,9 +346,17 @@ async def _bare_mongo(url: str, batches: list[Batch]) -> float:
     docs = [
         {
             "run_step_details": [msgspec.to_builtins(d) for d in b.deeps],
-            "run_steps": [{**msgspec.to_builtins(s), **({"arguments": _json.encode(s.arguments).decode()} if s.arguments is not None else {})} for s in b.steps],
+            "run_steps": [
+                {
+                    **msgspec.to_builtins(s),
+                    **({"arguments": _json.encode(s.arguments).decode()} if s.arguments is not None else {}),
+                }
+                for s in b.steps
+            ],
             "runs": [msgspec.to_builtins(r) for r in b.runs],
-            "run_state": [{"company_id": s.company_id, "run_id": s.run_id, "state": _json.encode(s).decode()} for s in b.states],
+            "run_state": [
+                {"company_id": s.company_id, "run_id": s.run_id, "state": _json.encode(s).decode()} for s in b.states
+            ],
         }
         for b in batches
     ]
@@ -288,6 +406,9 @@ def _report(name: str, figures: dict[str, float], batches: list[Batch]) -> None:
     print(f"{name}.sink_rows_per_s {figures['sink']:.0f}")
     print(f"{name}.bare_rows_per_s {figures['bare']:.0f}")
     print(f"{name}.ratio {figures['ratio']:.2f}")
+    if "bare_as_stored" in figures:
+        print(f"{name}.bare_as_stored_rows_per_s {figures['bare_as_stored']:.0f}")
+        print(f"{name}.ratio_as_stored {figures['ratio_as_stored']:.2f}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -295,15 +416,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batches", type=int, default=60)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seed", type=int, default=7)
-    parser.add_argument("--mongo", default=os.environ.get("STEPSTREAM_TEST_MONGO_URL"), help="MongoDB URL (default: $STEPSTREAM_TEST_MONGO_URL)")
-    parser.add_argument("--mongo-batches", type=int, default=20)
+    parser.add_argument(
+        "--mongo",
+        default=os.environ.get("STEPSTREAM_TEST_MONGO_URL"),
+        help="MongoDB URL (default: $STEPSTREAM_TEST_MONGO_URL)",
+    )
+    parser.add_argument("--mongo-batches", type=int, default=10, help="the first N batches (FerretDB is slow)")
+    parser.add_argument("--mongo-rounds", type=int, default=1)
     args = parser.parse_args(argv)
 
     batches = workload(args.seed, args.batches)
     _report("sqlite", bench_sqlite(batches, args.rounds), batches)
     if args.mongo:
         mongo_batches = batches[: args.mongo_batches]
-        _report("mongodb", asyncio.run(_bench_mongo(args.mongo, mongo_batches, args.rounds)), mongo_batches)
+        _report("mongodb", asyncio.run(_bench_mongo(args.mongo, mongo_batches, args.mongo_rounds)), mongo_batches)
     else:
         print("mongodb: skipped (no --mongo URL and no STEPSTREAM_TEST_MONGO_URL)", file=sys.stderr)
     return 0

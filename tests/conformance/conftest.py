@@ -12,29 +12,14 @@ import os
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
 from stepstream.sinks import DeepStore, StepStore, open_deep_store, open_step_store
 
+from sink_support import MONGO_ENV, drop_database, mongo_url
+
 BACKENDS = ("memory", "file", "sqlite", "mongodb")
-MONGO_ENV = "STEPSTREAM_TEST_MONGO_URL"
-
-
-def _mongo_url(base: str, database: str) -> str:
-    parts = urlsplit(base)
-    return urlunsplit((parts.scheme, parts.netloc, f"/{database}", parts.query, ""))
-
-
-async def _drop_database(url: str) -> None:
-    from pymongo import AsyncMongoClient
-
-    client: AsyncMongoClient = AsyncMongoClient(url)
-    try:
-        await client.drop_database(client.get_default_database())
-    finally:
-        await client.close()
 
 
 @pytest.fixture(params=BACKENDS)
@@ -59,9 +44,9 @@ async def store_url(backend: str, tmp_path: Path) -> AsyncIterator[str]:
                 "server that `make test` starts; run them via `make test` "
                 f"(or start one and export {MONGO_ENV}=mongodb://127.0.0.1:PORT/)"
             )
-        url = _mongo_url(base, f"stepstream_test_{uuid.uuid4().hex[:16]}")
+        url = mongo_url(base, f"stepstream_test_{uuid.uuid4().hex[:16]}")
         yield url
-        await _drop_database(url)
+        await drop_database(url)
 
 
 @pytest.fixture

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from stepstream.core.records import DeepRecord, RunRecord, RunState, StepRecord
 
+MONGO_ENV = "STEPSTREAM_TEST_MONGO_URL"
 COMPANY = "acme"
 OTHER = "globex"
 
@@ -35,4 +37,22 @@ def state(run_id: str = "r1", company: str = COMPANY, **fields: Any) -> RunState
 
 # Text that exercises every encoding path: multi-byte, astral (surrogate pairs in
 # UTF-16, 4 bytes in UTF-8), combining marks, RTL, NUL and U+10FFFF.
-UNICODE = "héllo wörld — 日本語 \U0001f600\U0001f9d1\u200d\U0001f4bb e\u0301 \u05e9\u05dc\u05d5\u05dd \x00 \U0010ffff end"
+UNICODE = (
+    "héllo wörld — 日本語 \U0001f600\U0001f9d1\u200d\U0001f4bb e\u0301 \u05e9\u05dc\u05d5\u05dd \x00 \U0010ffff end"
+)
+
+
+def mongo_url(base: str, database: str) -> str:
+    """``base`` (``mongodb://host:port/...``) pointing at ``database``."""
+    parts = urlsplit(base)
+    return urlunsplit((parts.scheme, parts.netloc, f"/{database}", parts.query, ""))
+
+
+async def drop_database(url: str) -> None:
+    from pymongo import AsyncMongoClient
+
+    client: AsyncMongoClient = AsyncMongoClient(url)
+    try:
+        await client.drop_database(client.get_default_database())
+    finally:
+        await client.close()

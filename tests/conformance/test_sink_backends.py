@@ -4,15 +4,18 @@ crash tolerance, a shared SQLite file, the optional MongoDB driver."""
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
-from sink_support import COMPANY, deep, run, state, step
 
 from stepstream.errors import ConfigError
 from stepstream.sinks import DeepStore, RetentionStore, StepStore, open_deep_store, open_step_store
+
+from sink_support import COMPANY, MONGO_ENV, deep, drop_database, mongo_url, run, state, step
 
 
 @pytest.mark.parametrize(
@@ -47,7 +50,12 @@ async def test_file_sink_layout_and_torn_lines(tmp_path: Path) -> None:
     steps, deeps = await open_step_store(url), await open_deep_store(url)
     await steps.write([step(0)], [run()], [state()])
     await deeps.write([deep(0, output='"a"')])
-    assert sorted(p.name for p in tmp_path.glob("*.jsonl")) == ["deep-trace.jsonl", "run-state.jsonl", "run-steps.jsonl", "runs.jsonl"]
+    assert sorted(p.name for p in tmp_path.glob("*.jsonl")) == [
+        "deep-trace.jsonl",
+        "run-state.jsonl",
+        "run-steps.jsonl",
+        "runs.jsonl",
+    ]
 
     # A writer killed mid-line leaves a torn tail: readers ignore it...
     trace = tmp_path / "deep-trace.jsonl"
@@ -82,7 +90,9 @@ async def test_sqlite_steps_and_bodies_share_one_file(tmp_path: Path) -> None:
     path = tmp_path / "one.db"
     steps, deeps = await open_step_store(f"sqlite:///{path}"), await open_deep_store(f"sqlite:///{path}")
     await steps.write([step(0)], [run()], [state()])
-    await deeps.write([deep(0, kind="thinking", reasoning="x\x00y"), deep(0, kind="thinking", reasoning="z", reasoning_offset=2)])
+    await deeps.write(
+        [deep(0, kind="thinking", reasoning="x\x00y"), deep(0, kind="thinking", reasoning="z", reasoning_offset=2)]
+    )
     with sqlite3.connect(path) as conn:
         tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
         assert tables == {"run_steps", "runs", "run_state", "run_step_details"}
@@ -99,3 +109,34 @@ async def test_sqlite_relative_path(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     steps = await open_step_store("sqlite:///rel.db")
     await steps.close()
     assert (tmp_path / "rel.db").exists()
+
+
+async def test_mongodb_purge_between_read_and_write_is_not_undone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The MongoDB deep store merges positional reasoning by read-modify-write; a
+    purge landing between its read and its write must not bring the text back."""
+    base = os.environ.get(MONGO_ENV)
+    if not base:
+        pytest.fail(f"{MONGO_ENV} is not set: run the suite via `make test`, which starts FerretDB")
+    from stepstream.sinks.mongodb import MongoDeepStore
+
+    url = mongo_url(base, f"stepstream_test_{uuid.uuid4().hex[:16]}")
+    writer, purger = await open_deep_store(url), await open_deep_store(url)
+    try:
+        await writer.write([deep(0, kind="thinking", reasoning="s3cr3t head ")])
+        read = MongoDeepStore._stored_reasoning
+
+        async def read_then_purge(self: MongoDeepStore, deeps: list) -> dict:
+            stored = await read(self, deeps)
+            assert await purger.purge_run(COMPANY, "r1") == 1
+            return stored
+
+        monkeypatch.setattr(MongoDeepStore, "_stored_reasoning", read_then_purge)
+        await writer.write([deep(0, kind="thinking", reasoning="tail", reasoning_offset=12)])
+        assert await writer.get_deep(COMPANY, "r1") == []
+        monkeypatch.undo()
+        await writer.write([deep(0, kind="thinking", reasoning="more", reasoning_offset=16)])
+        assert [d.reasoning for d in await writer.get_deep(COMPANY, "r1")] == ["more"]
+    finally:
+        await writer.close()
+        await purger.close()
+        await drop_database(url)

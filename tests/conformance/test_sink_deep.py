@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import pytest
-from sink_support import COMPANY, UNICODE, deep
 
-from stepstream.sinks import DeepStore
 from stepstream.core.caps import CLIP_MARKER
 from stepstream.core.fold import Limits
+from stepstream.sinks import DeepStore
+
+from sink_support import COMPANY, UNICODE, deep
 
 REASONING_CAP, OUTPUT_CAP, ARGUMENTS_CAP = Limits().reasoning_chars, Limits().output_chars, Limits().arguments_chars
 
@@ -46,6 +47,14 @@ async def test_field_by_field_merge_completes_a_call_row(deep_store: DeepStore, 
         await deep_store.write([call])
         await deep_store.write([result])
     assert await rows(deep_store) == [deep(3, arguments=call.arguments, output=result.output, at=2)]
+
+
+async def test_ts_keeps_the_latest(deep_store: DeepStore) -> None:
+    await deep_store.write([deep(0, output='"a"', at=5)])
+    await deep_store.write([deep(0, output='"b"', at=3)])  # a late write with an older time
+    assert (await rows(deep_store))[0] == deep(0, output='"b"', at=5)
+    await deep_store.write([deep(1, at=2), deep(1, at=7), deep(1, at=4)])
+    assert (await rows(deep_store))[1].ts == deep(1, at=7).ts
 
 
 async def test_clipped_is_sticky(deep_store: DeepStore) -> None:
@@ -107,7 +116,9 @@ async def test_records_round_trip_exactly(deep_store: DeepStore) -> None:
 
 async def test_the_port_clips_bodies_to_the_caps(deep_store: DeepStore) -> None:
     huge = "\U0001f600abc" * 40_000  # 160,000 characters, astral ones at every boundary
-    await deep_store.write([deep(0, kind="tool", arguments=huge, output=huge), deep(1, kind="thinking", reasoning=huge)])
+    await deep_store.write(
+        [deep(0, kind="tool", arguments=huge, output=huge), deep(1, kind="thinking", reasoning=huge)]
+    )
     tool, thinking = await rows(deep_store)
     assert tool.clipped and thinking.clipped
     assert 0 < len(tool.arguments) <= ARGUMENTS_CAP and 0 < len(tool.output) <= OUTPUT_CAP
@@ -146,3 +157,17 @@ async def test_writing_a_batch_twice_changes_nothing(deep_store: DeepStore) -> N
     await deep_store.write(batch)
     assert await rows(deep_store) == first
     assert first[0].reasoning == "abcdef"
+
+
+async def test_the_port_clips_to_the_limits_it_was_opened_with(store_url: str) -> None:
+    from stepstream.sinks import open_deep_store
+
+    store = await open_deep_store(store_url, limits=Limits(output_chars=20, arguments_chars=20, reasoning_chars=20))
+    try:
+        await store.write([deep(0, output="o" * 50, arguments="a" * 10), deep(1, kind="thinking", reasoning="r" * 15)])
+        await store.write([deep(1, kind="thinking", reasoning="s" * 15, reasoning_offset=15)])
+        tool, thinking = await store.get_deep(COMPANY, "r1")
+        assert (len(tool.output), tool.arguments, tool.clipped) == (20, "a" * 10, True)
+        assert len(thinking.reasoning) == 20 and thinking.reasoning.startswith("r" * 10) and thinking.clipped
+    finally:
+        await store.close()

@@ -3,9 +3,9 @@ every purge (``seeds/deep-trace.md``, "It holds secrets, by design")."""
 
 from __future__ import annotations
 
-from sink_support import COMPANY, OTHER, deep, run, state, step, ts
-
 from stepstream.sinks import DeepStore, StepStore
+
+from sink_support import COMPANY, OTHER, deep, run, state, step, ts
 
 SHARED = "run-shared"
 
@@ -29,7 +29,10 @@ async def _write_both(step_store: StepStore, deep_store: DeepStore) -> None:
 async def test_every_read_stays_inside_its_company(step_store: StepStore, deep_store: DeepStore) -> None:
     await _write_both(step_store, deep_store)
     await step_store.write([], [run("acme-only", COMPANY, started_at=ts(2))])
-    for company, secret, other_secret in ((COMPANY, "acme-secret", "globex-secret"), (OTHER, "globex-secret", "acme-secret")):
+    for company, secret, other_secret in (
+        (COMPANY, "acme-secret", "globex-secret"),
+        (OTHER, "globex-secret", "acme-secret"),
+    ):
         got_steps = await step_store.get_steps(company, SHARED)
         assert [s.label for s in got_steps] == [secret, secret]
         assert {s.company_id for s in got_steps} == {company}
@@ -41,7 +44,9 @@ async def test_every_read_stays_inside_its_company(step_store: StepStore, deep_s
         page = await step_store.list_runs_page(company, limit=1)
         assert page.runs[0].company_id == company
         got_deep = await deep_store.get_deep(company, SHARED)
-        assert len(got_deep) == 3 and other_secret not in repr(got_deep) and {d.company_id for d in got_deep} == {company}
+        assert (
+            len(got_deep) == 3 and other_secret not in repr(got_deep) and {d.company_id for d in got_deep} == {company}
+        )
         assert [run_id for run_id, _ in await deep_store.list_deep_runs(company)] == [SHARED]
     assert await deep_store.list_deep_runs(COMPANY) == [(SHARED, ts(3))]
     assert await deep_store.list_deep_runs(OTHER) == [(SHARED, ts(9))]

@@ -130,7 +130,12 @@ async def test_step_writes_match_the_reference(
         assert await step_store.get_steps(company, run_id) == await reference.get_steps(company, run_id)
         assert await step_store.get_run(company, run_id) == await reference.get_run(company, run_id)
     assert await step_store.load_states(company, ["r1", "r2"]) == await reference.load_states(company, ["r1", "r2"])
-    page, expected = await step_store.list_runs_page(company, limit=limit), await reference.list_runs_page(company, limit=limit)
+    page, expected = (
+        await step_store.list_runs_page(company, limit=limit),
+        await reference.list_runs_page(company, limit=limit),
+    )
     assert page == expected
     if page.next_cursor:
-        assert await step_store.list_runs(company, before=page.next_cursor) == await reference.list_runs(company, before=page.next_cursor)
+        assert await step_store.list_runs(company, before=page.next_cursor) == await reference.list_runs(
+            company, before=page.next_cursor
+        )

@@ -3,22 +3,27 @@
 from __future__ import annotations
 
 import pytest
-from sink_support import COMPANY, deep, run, step, ts
 
 from stepstream.sinks import DeepStore, StepStore
+
+from sink_support import COMPANY, deep, run, step, ts
 
 
 async def _runs_with_bodies(step_store: StepStore, deep_store: DeepStore, spans: dict[str, tuple[int, int]]) -> None:
     """Each run gets one step and one deep row per ``ts`` in its span (inclusive)."""
     for run_id, (first, last) in spans.items():
         seqs = range(last - first + 1)
-        await step_store.write([step(i, run_id, label=f"{run_id}/{i}") for i in seqs], [run(run_id, started_at=ts(first))])
+        await step_store.write(
+            [step(i, run_id, label=f"{run_id}/{i}") for i in seqs], [run(run_id, started_at=ts(first))]
+        )
         await deep_store.write([deep(i, run_id, output=f'"{run_id}/{i}"', at=first + i) for i in seqs])
 
 
 async def _assert_steps_intact(step_store: StepStore, spans: dict[str, tuple[int, int]]) -> None:
     for run_id, (first, last) in spans.items():
-        assert [s.label for s in await step_store.get_steps(COMPANY, run_id)] == [f"{run_id}/{i}" for i in range(last - first + 1)]
+        assert [s.label for s in await step_store.get_steps(COMPANY, run_id)] == [
+            f"{run_id}/{i}" for i in range(last - first + 1)
+        ]
         assert await step_store.get_run(COMPANY, run_id) is not None
 
 
@@ -45,7 +50,12 @@ async def test_list_deep_runs_ranks_by_the_newest_body(deep_store: DeepStore) ->
     await deep_store.write([deep(0, "old-start", at=1), deep(1, "old-start", at=50)])
     await deep_store.write([deep(0, "mid", at=20), deep(1, "mid", at=30)])
     await deep_store.write([deep(0, "tie-a", at=40), deep(0, "tie-b", at=40)])
-    assert await deep_store.list_deep_runs(COMPANY) == [("old-start", ts(50)), ("tie-b", ts(40)), ("tie-a", ts(40)), ("mid", ts(30))]
+    assert await deep_store.list_deep_runs(COMPANY) == [
+        ("old-start", ts(50)),
+        ("tie-b", ts(40)),
+        ("tie-a", ts(40)),
+        ("mid", ts(30)),
+    ]
 
 
 async def test_prune_keeps_the_newest_runs_whole(step_store: StepStore, deep_store: DeepStore) -> None:

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from sink_support import COMPANY, UNICODE, run, state, step, ts
 
 from stepstream.sinks import InvalidCursor, StepStore
+
+from sink_support import COMPANY, UNICODE, run, state, step, ts
 
 
 async def test_unknown_run_reads_empty(step_store: StepStore) -> None:
@@ -124,7 +125,9 @@ async def test_records_round_trip_exactly(step_store: StepStore) -> None:
 
 
 async def test_run_record_and_state_replace_whole(step_store: StepStore) -> None:
-    await step_store.write([], [run(agent_name="a", environment="prod", step_count=3)], [state(open_calls={"tool:x": 1})])
+    await step_store.write(
+        [], [run(agent_name="a", environment="prod", step_count=3)], [state(open_calls={"tool:x": 1})]
+    )
     await step_store.write([], [run(agent_name="a", step_count=4)], [state(last_seq=9)])
     assert await step_store.get_run(COMPANY, "r1") == run(agent_name="a", step_count=4)
     assert await step_store.load_states(COMPANY, ["r1"]) == {"r1": state(last_seq=9)}
@@ -138,11 +141,23 @@ async def test_load_states_reads_many_runs(step_store: StepStore) -> None:
 
 
 async def test_writing_a_batch_twice_changes_nothing(step_store: StepStore) -> None:
-    batch = ([step(0, label="a"), step(0, status="ok"), step(1, kind="thinking")], [run(step_count=2)], [state(last_seq=5)])
+    batch = (
+        [step(0, label="a"), step(0, status="ok"), step(1, kind="thinking")],
+        [run(step_count=2)],
+        [state(last_seq=5)],
+    )
     await step_store.write(*batch)
-    first = (await step_store.get_steps(COMPANY, "r1"), await step_store.get_run(COMPANY, "r1"), await step_store.load_states(COMPANY, ["r1"]))
+    first = (
+        await step_store.get_steps(COMPANY, "r1"),
+        await step_store.get_run(COMPANY, "r1"),
+        await step_store.load_states(COMPANY, ["r1"]),
+    )
     await step_store.write(*batch)
-    assert (await step_store.get_steps(COMPANY, "r1"), await step_store.get_run(COMPANY, "r1"), await step_store.load_states(COMPANY, ["r1"])) == first
+    assert (
+        await step_store.get_steps(COMPANY, "r1"),
+        await step_store.get_run(COMPANY, "r1"),
+        await step_store.load_states(COMPANY, ["r1"]),
+    ) == first
 
 
 async def test_list_runs_most_recent_first_with_a_cursor(step_store: StepStore) -> None:

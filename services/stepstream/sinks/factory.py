@@ -27,7 +27,9 @@ SCHEMES = ("memory", "file", "sqlite", "mongodb", "mongodb+srv")
 def _scheme(url: str) -> str:
     scheme, sep, _ = url.partition("://")
     if not sep or scheme.lower() not in SCHEMES:
-        raise ConfigError(f"unknown sink URL {url!r}: use one of memory://, file:///dir, sqlite:///path.db, mongodb://host:port/db")
+        raise ConfigError(
+            f"unknown sink URL {url!r}: use one of memory://, file:///dir, sqlite:///path.db, mongodb://host:port/db"
+        )
     return scheme.lower()
 
 

@@ -200,7 +200,9 @@ class FileStepStore:
         runs: Sequence[RunRecord] = (),
         states: Sequence[RunState] = (),
     ) -> None:
-        batches = [(name, _lines(rs)) for name, rs in ((STEPS_FILE, steps), (RUNS_FILE, runs), (STATES_FILE, states)) if rs]
+        batches = [
+            (name, _lines(rs)) for name, rs in ((STEPS_FILE, steps), (RUNS_FILE, runs), (STATES_FILE, states)) if rs
+        ]
         if batches:
             await asyncio.to_thread(self._append, batches)
 
@@ -302,7 +304,9 @@ class FileDeepStore:
         return await asyncio.to_thread(self._read, lambda rows: _deep_runs(rows, company_id))
 
     async def purge_run(self, company_id: str, run_id: str) -> int:
-        dropped = await asyncio.to_thread(self._drop, lambda rows: [(company_id, run_id)] if (company_id, run_id) in rows else [])
+        dropped = await asyncio.to_thread(
+            self._drop, lambda rows: [(company_id, run_id)] if (company_id, run_id) in rows else []
+        )
         return sum(dropped.values())
 
     async def purge_company(self, company_id: str) -> int:

@@ -106,7 +106,11 @@ class MemoryDeepStore:
 
     async def list_deep_runs(self, company_id: str) -> list[tuple[str, str]]:
         return newest_first(
-            {run_id: max(r.ts for r in rows.values()) for (c, run_id), rows in self._rows.items() if c == company_id and rows}
+            {
+                run_id: max(r.ts for r in rows.values())
+                for (c, run_id), rows in self._rows.items()
+                if c == company_id and rows
+            }
         )
 
     async def purge_run(self, company_id: str, run_id: str) -> int:

@@ -24,19 +24,32 @@ is JSON *text* and ``run_state.state`` is the whole RunState as JSON text,
 because free-form keys (``$ref``, ``a.b``, ``tool:call.1``) are not safe BSON
 field names everywhere and integers beyond int64 are not BSON at all.
 
-**Writes.** A step is ``UpdateOne({key}, {$set: its non-None fields}, upsert)``;
-run records and states are ``ReplaceOne(upsert)``; each kind is one ordered
-``bulk_write`` and the states go last (there are no multi-document transactions
-without a replica set, and none at all in FerretDB 1.x).
+**Writes.** A batch's writes to one row are coalesced, in order, into one
+``UpdateOne({_id}, {$set: fields}, upsert)`` (later non-None fields win, which is
+what applying them one by one does); run records and states are ``ReplaceOne``
+of the batch's last write per run. Each collection gets ordered ``bulk_write`` s
+and the states go last (no multi-document transactions without a replica set,
+and none at all in FerretDB 1.x).
 
-A deep row is ``UpdateOne`` too, with ``clipped`` sticky (``$set`` only when
-true, ``$setOnInsert`` false otherwise). The positional reasoning merge needs
-``stored[:offset] + written``; MongoDB would do it with an update pipeline
-(``$substrCP``/``$concat``) but FerretDB 1.x rejects pipeline updates, so the
-adapter reads the stored reasoning of the rows whose first chunk in the batch
-starts past 0 (one ``_id`` lookup each) and ``$set`` s the merged text. That is a
-read-modify-write: correct because one run is written by one worker at a time
-(Kafka partitioning), and this store serialises its own deep writes.
+A deep row's ``clipped`` is sticky (``$set`` only when true, ``$setOnInsert``
+false otherwise) and its ``ts`` the latest (``$max``). The positional reasoning
+merge needs ``stored[:offset] + written``; MongoDB could do it with an update
+pipeline (``$substrCP``/``$concat``) but FerretDB 1.x rejects pipeline updates,
+so the adapter reads the stored reasoning of the rows whose first chunk in the
+batch starts past 0 (one ``_id`` lookup each) and ``$set`` s the merged text.
+That is a read-modify-write: correct because one run is written by one worker at
+a time (Kafka partitioning) and this store serialises its own deep writes. A row
+whose stored text was merged is then updated without upsert, and no text is
+cached between batches, so a purge from another process that lands between the
+read and the write is never undone (that row's write is dropped, as if the purge
+came just after it).
+
+**FerretDB 1.24 deadlock.** Its update handler keeps the SQLite cursor of every
+matching statement open until the whole ``update`` command ends, and its pool
+holds 100 connections per database: a ``bulk_write`` of ~100 updates to existing
+documents (or several such commands at once) hangs the whole server. Against
+FerretDB (detected by ``buildInfo.ferretdbVersion``) the adapter sends at most
+16 statements per command, one command at a time per store.
 
 **Retention.** FerretDB 1.x implements only ``$count``/``$sum`` accumulators in
 ``$group``, so ``list_deep_runs`` reads ``(run_id, ts)`` through the covering
@@ -177,17 +190,27 @@ def row_id(company_id: str, run_id: str, step_seq: int | None = None) -> str:
     return _json.encode(key).decode()
 
 
-def _step_op(step: StepRecord) -> Any:
-    fields = _to_builtins(step)  # omit_defaults: the None fields (which keep) are absent
-    if step.arguments is not None:
-        fields["arguments"] = _json.encode(step.arguments).decode()
-    return UpdateOne({"_id": row_id(step.company_id, step.run_id, step.step_seq)}, {"$set": fields}, upsert=True)
-
-
 def _run_op(run: RunRecord) -> Any:
     doc = _to_builtins(run)
     doc["recency"] = recency(run)
     return ReplaceOne({"_id": row_id(run.company_id, run.run_id)}, doc, upsert=True)
+
+
+def _step_ops(steps: Sequence[StepRecord]) -> list[Any]:
+    """One ``$set`` per row: the batch's writes to a row coalesced in order (later
+    non-None fields win), which is exactly what applying them one by one does."""
+    merged: dict[StepKey, dict[str, Any]] = {}
+    for step in steps:
+        fields = _to_builtins(step)  # omit_defaults: the None fields (which keep) are absent
+        if step.arguments is not None:
+            fields["arguments"] = _json.encode(step.arguments).decode()
+        merged.setdefault((step.company_id, step.run_id, step.step_seq), {}).update(fields)
+    return [UpdateOne({"_id": row_id(*key)}, {"$set": fields}, upsert=True) for key, fields in merged.items()]
+
+
+def _last_per_run(records: Sequence[Any]) -> dict[tuple[str, str], Any]:
+    """Whole-record writes: the last one per run is all that a batch leaves."""
+    return {(r.company_id, r.run_id): r for r in records}
 
 
 def _state_op(state: RunState) -> Any:
@@ -235,11 +258,11 @@ class MongoStepStore:
     ) -> None:
         async with _translated("write"):
             if steps:
-                await self._conn.bulk("run_steps", [_step_op(s) for s in steps])
+                await self._conn.bulk("run_steps", _step_ops(steps))
             if runs:
-                await self._conn.bulk("runs", [_run_op(r) for r in runs])
+                await self._conn.bulk("runs", [_run_op(r) for r in _last_per_run(runs).values()])
             if states:
-                await self._conn.bulk("run_state", [_state_op(s) for s in states])
+                await self._conn.bulk("run_state", [_state_op(s) for s in _last_per_run(states).values()])
 
     async def load_states(self, company_id: str, run_ids: Sequence[str]) -> dict[str, RunState]:
         if not run_ids:
@@ -247,7 +270,9 @@ class MongoStepStore:
         collection = self._conn["run_state"]
         async with _translated("load_states"):
             # One _id lookup per run: the only filter FerretDB's SQLite backend can push down.
-            docs = await asyncio.gather(*(collection.find_one({"_id": row_id(company_id, r)}, _NO_ID) for r in dict.fromkeys(run_ids)))
+            docs = await asyncio.gather(
+                *(collection.find_one({"_id": row_id(company_id, r)}, _NO_ID) for r in dict.fromkeys(run_ids))
+            )
         return {doc["run_id"]: _state_decoder.decode(doc["state"]) for doc in docs if doc is not None}
 
     async def get_run(self, company_id: str, run_id: str) -> RunRecord | None:
@@ -263,7 +288,10 @@ class MongoStepStore:
         query: dict[str, Any] = {"company_id": company_id}
         if before is not None:
             after_recency, after_run = decode_cursor(before)
-            query["$or"] = [{"recency": {"$lt": after_recency}}, {"recency": after_recency, "run_id": {"$lt": after_run}}]
+            query["$or"] = [
+                {"recency": {"$lt": after_recency}},
+                {"recency": after_recency, "run_id": {"$lt": after_run}},
+            ]
         async with _translated("list_runs"):
             cursor = self._conn["runs"].find(query, _NO_ID).sort([("recency", -1), ("run_id", -1)]).limit(limit + 1)
             runs = [_run(doc) async for doc in cursor]
@@ -271,7 +299,9 @@ class MongoStepStore:
 
     async def get_steps(self, company_id: str, run_id: str) -> list[StepRecord]:
         async with _translated("get_steps"):
-            cursor = self._conn["run_steps"].find({"company_id": company_id, "run_id": run_id}, _NO_ID).sort("step_seq", 1)
+            cursor = (
+                self._conn["run_steps"].find({"company_id": company_id, "run_id": run_id}, _NO_ID).sort("step_seq", 1)
+            )
             return [_step(doc) async for doc in cursor]
 
     async def close(self) -> None:
@@ -302,24 +332,38 @@ class MongoDeepStore:
             return
         deeps = clip_batch(deeps, self._limits)
         async with self._write_lock, _translated("write"):
-            current = await self._stored_reasoning(deeps)
-            ops = []
+            stored = await self._stored_reasoning(deeps)
+            current = dict(stored)
+            # The batch's writes to a row coalesce into one $set, applied in order:
+            # later non-None fields win, clipped is sticky, and the reasoning is the
+            # positional merge computed here from the stored text.
+            merged: dict[StepKey, dict[str, Any]] = {}
+            latest: dict[StepKey, str] = {}
             for d in deeps:
                 key = (d.company_id, d.run_id, d.step_seq)
-                fields: dict[str, Any] = {"company_id": d.company_id, "run_id": d.run_id, "step_seq": d.step_seq, "kind": d.kind, "ts": d.ts}
+                fields = merged.setdefault(
+                    key, {"company_id": d.company_id, "run_id": d.run_id, "step_seq": d.step_seq}
+                )
+                fields["kind"] = d.kind
+                latest[key] = max(latest.get(key, d.ts), d.ts)
                 if d.reasoning is not None:
-                    text = apply_reasoning(current.get(key), d.reasoning_offset, d.reasoning)
-                    fields["reasoning"] = current[key] = text
+                    fields["reasoning"] = current[key] = apply_reasoning(
+                        current.get(key), d.reasoning_offset, d.reasoning
+                    )
                 if d.arguments is not None:
                     fields["arguments"] = d.arguments
                 if d.output is not None:
                     fields["output"] = d.output
-                update: dict[str, Any] = {"$set": fields}
                 if d.clipped:
                     fields["clipped"] = True
-                else:
+            ops = []
+            for key, fields in merged.items():
+                update: dict[str, Any] = {"$set": fields, "$max": {"ts": latest[key]}}
+                if "clipped" not in fields:
                     update["$setOnInsert"] = {"clipped": False}
-                ops.append(UpdateOne({"_id": row_id(*key)}, update, upsert=True))
+                # A row whose stored text we merged is updated, never re-created: if a
+                # purge deleted it since the read, the write must not bring its head back.
+                ops.append(UpdateOne({"_id": row_id(*key)}, update, upsert=key not in stored))
             await self._conn.bulk("run_step_details", ops)
 
     async def _stored_reasoning(self, deeps: Sequence[DeepRecord]) -> dict[StepKey, str | None]:
@@ -341,7 +385,11 @@ class MongoDeepStore:
 
     async def get_deep(self, company_id: str, run_id: str) -> list[DeepRecord]:
         async with _translated("get_deep"):
-            cursor = self._conn["run_step_details"].find({"company_id": company_id, "run_id": run_id}, _NO_ID).sort("step_seq", 1)
+            cursor = (
+                self._conn["run_step_details"]
+                .find({"company_id": company_id, "run_id": run_id}, _NO_ID)
+                .sort("step_seq", 1)
+            )
             return [_deep(doc) async for doc in cursor]
 
     async def list_deep_runs(self, company_id: str) -> list[tuple[str, str]]:

@@ -1,12 +1,14 @@
 """What every backend shares: the stored-row merge, run recency and its cursor,
-and the clipping every deep write goes through at the port.
+and the clipping every deep write goes through at the port (``core.caps``).
 
 The merge here is the *store's* view of ``core.records``: a stored deep row
 always starts at character 0, and a write at ``reasoning_offset`` N leaves
 ``stored[:N] + written`` (an offset past the stored end simply appends, as
-Python slicing and SQLite ``substr`` both do). The memory and file backends
-apply it in Python; SQLite and MongoDB implement the same rule natively and the
-conformance suite holds them to it.
+Python slicing does). A deep row's ``ts`` is the latest it was written with
+(``max``), as ``core.merge.merge_deep`` coalesces a batch, so a row is the same
+whether or not the worker's batch boundaries fell between two writes. The
+memory and file backends apply it in Python; SQLite and MongoDB implement the
+same rule natively and the conformance suite holds them to it.
 """
 
 from __future__ import annotations
@@ -24,12 +26,17 @@ from stepstream.core.records import DeepRecord, RunRecord
 from stepstream.sinks.ports import InvalidCursor
 
 __all__ = [
+    "DEFAULT_LIMITS",
     "apply_deep",
     "apply_reasoning",
+    "check_keep",
+    "check_limit",
     "clip_batch",
     "decode_cursor",
     "encode_cursor",
     "merge_step",
+    "newest_first",
+    "page",
     "recency",
     "run_sort_key",
 ]
@@ -56,7 +63,7 @@ def apply_deep(stored: DeepRecord | None, written: DeepRecord) -> DeepRecord:
         run_id=stored.run_id,
         step_seq=stored.step_seq,
         kind=written.kind,
-        ts=written.ts,
+        ts=max(stored.ts, written.ts),
         reasoning=apply_reasoning(stored.reasoning, written.reasoning_offset, written.reasoning),
         arguments=written.arguments if written.arguments is not None else stored.arguments,
         output=written.output if written.output is not None else stored.output,

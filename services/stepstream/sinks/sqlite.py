@@ -22,7 +22,8 @@ Schema (created if missing; columns mirror the record fields)::
 ``BEGIN IMMEDIATE`` transaction per ``write`` call on a dedicated writer
 connection; reads use a second connection and, under WAL, see only committed
 batches. The merge is SQL: ``col = coalesce(excluded.col, col)``,
-``clipped = max(clipped, excluded.clipped)`` and, for the positional reasoning,
+``clipped = max(clipped, excluded.clipped)``, ``ts = max(ts, excluded.ts)``
+and, for the positional reasoning,
 ``stepstream_splice(reasoning, offset, excluded.reasoning)``: a SQL function
 registered on the writer connection that returns ``stored[:offset] + written``
 in Python. SQLite's own ``substr`` counts characters but stops at a NUL
@@ -122,7 +123,9 @@ def _upsert(table: str, cols: Sequence[str], key: Sequence[str], merge: Callable
     )
 
 
-_UPSERT_STEP = _upsert("run_steps", _STEP_COLS, _KEY3, lambda c: "excluded.kind" if c == "kind" else f"coalesce(excluded.{c}, {c})")
+_UPSERT_STEP = _upsert(
+    "run_steps", _STEP_COLS, _KEY3, lambda c: "excluded.kind" if c == "kind" else f"coalesce(excluded.{c}, {c})"
+)
 _UPSERT_RUN = _upsert("runs", (*_RUN_COLS, "recency"), _KEY2, lambda c: f"excluded.{c}")
 _UPSERT_STATE = _upsert("run_state", (*_KEY2, "state"), _KEY2, lambda c: f"excluded.{c}")
 
@@ -136,7 +139,7 @@ def _deep_upsert() -> str:
     return (
         f"INSERT INTO run_step_details ({', '.join(_DEEP_COLS)}) VALUES ({values}) "
         "ON CONFLICT (company_id, run_id, step_seq) DO UPDATE SET "
-        "kind = excluded.kind, ts = excluded.ts, "
+        "kind = excluded.kind, ts = max(ts, excluded.ts), "
         "reasoning = CASE WHEN excluded.reasoning IS NULL THEN reasoning "
         f"WHEN {off} = 0 OR reasoning IS NULL THEN excluded.reasoning "
         f"ELSE stepstream_splice(reasoning, {off}, excluded.reasoning) END, "
@@ -256,7 +259,9 @@ class _Database:
 
 _SELECT_STEPS = f"SELECT {', '.join(_STEP_COLS)} FROM run_steps WHERE company_id = ? AND run_id = ? ORDER BY step_seq"
 _SELECT_RUN = f"SELECT {', '.join(_RUN_COLS)} FROM runs"
-_SELECT_DEEP = f"SELECT {', '.join(_DEEP_COLS)} FROM run_step_details WHERE company_id = ? AND run_id = ? ORDER BY step_seq"
+_SELECT_DEEP = (
+    f"SELECT {', '.join(_DEEP_COLS)} FROM run_step_details WHERE company_id = ? AND run_id = ? ORDER BY step_seq"
+)
 _RUN_BOOLS = tuple(f.name for f in msgspec.structs.fields(RunRecord) if f.type is bool)
 
 
@@ -384,7 +389,9 @@ class SqliteDeepStore:
 
     async def purge_run(self, company_id: str, run_id: str) -> int:
         async def body(conn: aiosqlite.Connection) -> int:
-            cursor = await conn.execute("DELETE FROM run_step_details WHERE company_id = ? AND run_id = ?", (company_id, run_id))
+            cursor = await conn.execute(
+                "DELETE FROM run_step_details WHERE company_id = ? AND run_id = ?", (company_id, run_id)
+            )
             return cursor.rowcount
 
         return await self._db.transaction(body)
@@ -418,7 +425,8 @@ class SqliteDeepStore:
 
 
 _LIST_DEEP_RUNS = (
-    "SELECT run_id, max(ts) AS last FROM run_step_details WHERE company_id = ? GROUP BY run_id ORDER BY last DESC, run_id DESC"
+    "SELECT run_id, max(ts) AS last FROM run_step_details WHERE company_id = ? "
+    "GROUP BY run_id ORDER BY last DESC, run_id DESC"
 )
 
 
@@ -426,5 +434,8 @@ def sqlite_path(url: str) -> str:
     """The file path of a ``sqlite:///`` URL (SQLAlchemy convention)."""
     path = url[len("sqlite:///") :].split("?", 1)[0]
     if not path or path == ":memory:":
-        raise ConfigError(f"sqlite sink needs a file path, e.g. sqlite:///stepstream.db (got {url!r}); use memory:// for a throwaway store")
+        raise ConfigError(
+            f"sqlite sink needs a file path, e.g. sqlite:///stepstream.db (got {url!r}); "
+            "use memory:// for a throwaway store"
+        )
     return path
