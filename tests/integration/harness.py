@@ -104,6 +104,7 @@ class WorkerProcess:
             try:
                 self.proc.wait(timeout)
             except subprocess.TimeoutExpired:
+                self.log_path.open("ab").write(b"\n[harness] no exit after SIGTERM; SIGKILL\n")
                 self.proc.kill()
                 self.proc.wait(10)
         self._log.close()

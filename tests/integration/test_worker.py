@@ -69,7 +69,8 @@ async def test_worker_equals_ingest_file(scenario, corpus, golden):
         await asyncio.sleep(0.25)
     assert lag == 0
     ready = worker.ready()
-    worker.stop()
+    # SIGTERM is a clean, prompt shutdown (the stores' driver threads are closed).
+    assert worker.stop(timeout=20) == 0, worker.tail()
     assert ready["ready"] is True and ready["processed"] == len(events)
     got = await dump(scenario.steps_url, scenario.deep_url, companies)
     assert got == golden, first_difference(golden, got)

@@ -74,9 +74,17 @@ class IngestWorker:
             batch_seconds=self.settings.batch_seconds,
         )
 
-    async def stop(self) -> None:
-        for store in self._stores:
-            await store.close()
+    async def shutdown(self) -> None:
+        """Write the current batch and close the stores (their driver threads would
+        otherwise keep the process alive). Unflushed thinking tails are not written:
+        their messages were never acked, so the next start replays them."""
+        async with self.lock:
+            if self.pipeline is not None:
+                await self.pipeline.flush()
+            for store in self._stores:
+                await store.close()
+            self._stores = []
+            self.pipeline = None
 
     async def handle(self, event: Any) -> None:
         """One delivered message: dead-letter it or push it through the pipeline."""
@@ -110,17 +118,17 @@ class IngestWorker:
         )
 
     async def tick(self) -> None:
-        if self.pipeline is None:
-            return
         async with self.lock:
-            await self.pipeline.tick()
+            if self.pipeline is not None:
+                await self.pipeline.tick()
 
     async def revoked(self, tps: set[Any]) -> None:
         """Write what is batched, then forget the revoked partitions' runs."""
         self.assigned = False
-        if self.pipeline is None:
-            return
         async with self.lock:
+            if self.pipeline is None:
+                self.tracker.drop(set(tps))
+                return
             await self.pipeline.flush()
             gone = set(tps)
             self.pipeline.forget(lambda key: self._run_tp.get(key) not in gone)
@@ -181,6 +189,10 @@ def create_app(settings: Settings, metrics: Metrics | None = None) -> faust.App:
     @app.on_partitions_revoked.connect
     async def on_revoked(app: faust.App, revoked: set, **kwargs: Any) -> None:
         await worker.revoked(revoked)
+
+    @app.on_before_shutdown.connect
+    async def on_shutdown(app: faust.App, **kwargs: Any) -> None:
+        await worker.shutdown()
 
     @app.on_partitions_assigned.connect
     async def on_assigned(app: faust.App, assigned: set, **kwargs: Any) -> None:
