@@ -136,6 +136,11 @@ class Pipeline:
     def _take(self, key: RunKey, out: Output, token: Any, ts: float | None = None) -> None:
         batch = self._batch
         batch.add(out)
+        if self._metrics is not None and (out.flushes or out.clipped):
+            for trigger in out.flushes:
+                self._metrics.thinking_flushes.labels(trigger).inc()
+            for field in out.clipped:
+                self._metrics.clipped.labels(field).inc()
         if out.state is None:
             # Buffered in the fold's tail: durable only when the tail is flushed.
             self._held.setdefault(key, []).append((token, ts))
@@ -150,11 +155,6 @@ class Pipeline:
         batch.tokens.append(token)
         if ts is not None:
             batch.event_ts.append(ts)
-        if self._metrics is not None:
-            for trigger in out.flushes:
-                self._metrics.thinking_flushes.labels(trigger).inc()
-            for field in out.clipped:
-                self._metrics.clipped.labels(field).inc()
 
     async def _load(self, key: RunKey) -> RunFold:
         states = await self._steps.load_states(key[0], [key[1]])
