@@ -48,8 +48,8 @@ from typing import Any
 
 import msgspec
 
-from stepstream.core.merge import can_merge_deep, merge_deep, merge_step
 from stepstream.core.records import DeepRecord, RunRecord, RunState, StepRecord
+from stepstream.pipeline import RowBatch
 from stepstream.sinks import open_deep_store, open_step_store
 from stepstream.sinks.sqlite import deep_schema, step_schema
 
@@ -176,9 +176,9 @@ def workload(seed: int, batches: int, runs: int = 200) -> list[Batch]:
     made = runs
     out: list[Batch] = []
     while len(out) < batches:
-        batch = _Coalescing()
+        batch = RowBatch()
         touched: dict[int, _Run] = {}
-        while batch.rows + 2 * len(touched) < BATCH_ROWS:
+        while len(batch) + 2 * len(touched) < BATCH_ROWS:
             i = rng.randrange(len(active))
             run = active[i]
             unit = next(run.pending, None) if run.pending is not None else None
@@ -188,7 +188,10 @@ def workload(seed: int, batches: int, runs: int = 200) -> list[Batch]:
                 made += 1
                 continue
             for record in unit:
-                batch.add(record)
+                if isinstance(record, StepRecord):
+                    batch.add_step(record)
+                else:
+                    batch.add_deep(record)
             run.seq += 1
             run.record = msgspec.structs.replace(run.record, step_count=run.ordinal, last_event_at=_ts(clock[0]))
             touched[id(run)] = run
@@ -206,31 +209,6 @@ def workload(seed: int, batches: int, runs: int = 200) -> list[Batch]:
             )
         out.append(Batch(batch.deeps, list(batch.steps.values()), runs_, states))
     return out
-
-
-class _Coalescing:
-    """A batch coalesced by key exactly as the worker's pipeline does (``core.merge``)."""
-
-    def __init__(self) -> None:
-        self.steps: dict[tuple[str, str, int], StepRecord] = {}
-        self.deeps: list[DeepRecord] = []
-        self.deep_at: dict[tuple[str, str, int], int] = {}
-
-    @property
-    def rows(self) -> int:
-        return len(self.steps) + len(self.deeps)
-
-    def add(self, record: DeepRecord | StepRecord) -> None:
-        key = (record.company_id, record.run_id, record.step_seq)
-        if isinstance(record, StepRecord):
-            self.steps[key] = merge_step(self.steps.get(key), record)
-            return
-        at = self.deep_at.get(key)
-        if at is not None and can_merge_deep(self.deeps[at], record):
-            self.deeps[at] = merge_deep(self.deeps[at], record)
-        else:
-            self.deep_at[key] = len(self.deeps)
-            self.deeps.append(record)
 
 
 # --- SQLite ---------------------------------------------------------------------------------

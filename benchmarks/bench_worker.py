@@ -26,6 +26,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from prometheus_client.parser import text_string_to_metric_families
 
 from stepstream.config import load_settings
 from stepstream.core.wire import (
@@ -62,13 +63,7 @@ def _metrics(port: int) -> str:
 
 
 def _sample(text: str, name: str) -> float:
-    total = 0.0
-    for line in text.splitlines():
-        if line.startswith(name) and not line.startswith("#"):
-            head, _, value = line.rpartition(" ")
-            if head == name or head.startswith(name + "{"):
-                total += float(value)
-    return total
+    return sum(s.value for fam in text_string_to_metric_families(text) for s in fam.samples if s.name == name)
 
 
 def _quantile(text: str, name: str, q: float) -> float:

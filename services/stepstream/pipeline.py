@@ -35,12 +35,13 @@ RunKey = tuple[str, str]
 OnDurable = Callable[[list[Any]], None]
 
 
-class _Batch:
-    """Rows of one write, coalesced by key with the store's own merge semantics."""
+class RowBatch:
+    """Rows of one write, coalesced by key with the store's own merge semantics
+    (``core.merge``), plus the tokens and event times that become durable with it."""
 
     __slots__ = ("steps", "deeps", "deep_at", "runs", "states", "tokens", "event_ts", "types", "opened")
 
-    def __init__(self, now: float) -> None:
+    def __init__(self, now: float = 0.0) -> None:
         self.steps: dict[tuple[str, str, int], StepRecord] = {}
         self.deeps: list[DeepRecord] = []
         self.deep_at: dict[tuple[str, str, int], int] = {}
@@ -54,18 +55,26 @@ class _Batch:
     def __len__(self) -> int:
         return len(self.steps) + len(self.deeps) + len(self.runs) + len(self.tokens)
 
+    def add_step(self, step: StepRecord) -> None:
+        key = (step.company_id, step.run_id, step.step_seq)
+        self.steps[key] = merge_step(self.steps.get(key), step)
+
+    def add_deep(self, deep: DeepRecord) -> None:
+        """Merge into the pending row of the same key when no character would be
+        lost; otherwise keep it as a separate write, applied in order."""
+        key = (deep.company_id, deep.run_id, deep.step_seq)
+        at = self.deep_at.get(key)
+        if at is not None and can_merge_deep(self.deeps[at], deep):
+            self.deeps[at] = merge_deep(self.deeps[at], deep)
+        else:
+            self.deep_at[key] = len(self.deeps)
+            self.deeps.append(deep)
+
     def add(self, out: Output) -> None:
         for step in out.steps:
-            key = (step.company_id, step.run_id, step.step_seq)
-            self.steps[key] = merge_step(self.steps.get(key), step)
+            self.add_step(step)
         for deep in out.deeps:
-            key = (deep.company_id, deep.run_id, deep.step_seq)
-            at = self.deep_at.get(key)
-            if at is not None and can_merge_deep(self.deeps[at], deep):
-                self.deeps[at] = merge_deep(self.deeps[at], deep)
-            else:
-                self.deep_at[key] = len(self.deeps)
-                self.deeps.append(deep)
+            self.add_deep(deep)
         if out.run is not None:
             self.runs[(out.run.company_id, out.run.run_id)] = out.run
         if out.state is not None:
@@ -106,7 +115,7 @@ class Pipeline:
         self._tails: set[RunKey] = set()  # runs whose fold holds an unflushed thinking tail
         self._next_idle_check = 0.0
         self._next_evict = 0.0
-        self._batch = _Batch(clock())
+        self._batch = RowBatch(clock())
         self.written_batches = 0
 
     # -- events -------------------------------------------------------------
@@ -172,7 +181,7 @@ class Pipeline:
         """Write the current batch (deep first, then steps/runs/states) and report
         its tokens durable. A no-op for an empty batch."""
         batch = self._batch
-        self._batch = _Batch(self._clock())
+        self._batch = RowBatch(self._clock())
         if not batch.steps and not batch.deeps and not batch.runs and not batch.states:
             if batch.tokens and self._on_durable is not None:
                 self._on_durable(batch.tokens)

@@ -16,6 +16,7 @@ import urllib.request
 from pathlib import Path
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
+from prometheus_client.parser import text_string_to_metric_families
 from aiokafka.admin import AIOKafkaAdminClient
 
 from stepstream.config import load_settings
@@ -69,17 +70,12 @@ class WorkerProcess:
             return json.loads(err.read())
 
     def metric_sum(self, name: str) -> float:
-        total = 0.0
+        """Sum of every sample called ``name`` (all label sets); -1 if the port is down."""
         try:
             text = self.metrics()
         except OSError:
             return -1.0
-        for line in text.splitlines():
-            if line.startswith(name) and not line.startswith("#"):
-                head, _, value = line.rpartition(" ")
-                if head == name or head.startswith(name + "{"):
-                    total += float(value)
-        return total
+        return sum(s.value for fam in text_string_to_metric_families(text) for s in fam.samples if s.name == name)
 
     def wait_web(self, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout
