@@ -34,6 +34,17 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     batch_records: int = 2000
     batch_seconds: float = 0.05
     idle_flush_seconds: float = 5.0
+    # The oldest consumed-but-not-durable message of a partition is at most this old:
+    # past it, the thinking tail that holds it is flushed (commit lag stays bounded).
+    max_hold_seconds: float = 10.0
+    # Runs with a fold in memory; past it the least recently used are flushed and evicted.
+    max_open_runs: int = 20_000
+    # A retriable store error is retried in place (same batch, backoff) for this long;
+    # then the worker exits non-zero so Kafka rewinds to the durable watermark.
+    store_retry_seconds: float = 60.0
+    # Path of a fault plan (JSON) that wraps both stores with the fault injector
+    # (``stepstream.sinks.faults``); empty: off. For chaos tests, never in production.
+    fault_plan: str = ""
     max_event_bytes: int = 1_048_576
     lag_poll_seconds: float = 2.0
     log_level: str = "warning"

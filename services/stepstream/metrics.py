@@ -49,6 +49,28 @@ class Metrics:
         self.seq_gaps = Counter("stepstream_seq_gaps", "Runs' sequence gaps seen.", registry=r)
         self.runs_pruned = Counter("stepstream_runs_pruned", "Runs whose deep bodies were pruned.", registry=r)
         self.open_runs = Gauge("stepstream_open_runs", "Runs with fold state in memory.", registry=r)
+        self.stale_runs = Counter(
+            "stepstream_stale_run_writes",
+            "Runs whose batch rows a store refused because its stored state was already as far or further "
+            "(a former partition owner writing late).",
+            registry=r,
+        )
+        self.store_retries = Counter(
+            "stepstream_store_retries", "Batch writes retried in place after a retriable store error, by sink.",
+            ["sink"], registry=r,
+        )
+        self.store_available = Gauge(
+            "stepstream_store_available", "1 while the last batch write succeeded, 0 while retrying.", registry=r
+        )
+        self.held_age = Gauge(
+            "stepstream_oldest_held_seconds",
+            "Age of the oldest consumed message whose effect is not yet durable (it holds commits back).",
+            registry=r,
+        )
+        self.evicted_runs = Counter(
+            "stepstream_evicted_runs", "Folds dropped from memory, by reason (ended, idle, capacity, revoked).",
+            ["reason"], registry=r,
+        )
         self.pending_events = Gauge(
             "stepstream_pending_events", "Consumed events not yet durable (offsets held back).", registry=r
         )
