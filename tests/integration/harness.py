@@ -18,6 +18,7 @@ from pathlib import Path
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from prometheus_client.parser import text_string_to_metric_families
 from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.errors import GroupCoordinatorNotAvailableError
 
 from stepstream.config import load_settings
 from stepstream.emitter.producer import Emitter
@@ -129,7 +130,10 @@ async def group_lag(broker: str, group: str, topic: str) -> int:
             parts = consumer.partitions_for_topic(topic) or set()
         tps = [TopicPartition(topic, p) for p in parts]
         ends = await consumer.end_offsets(tps)
-        committed = await admin.list_consumer_group_offsets(group, partitions=tps)
+        try:
+            committed = await admin.list_consumer_group_offsets(group, partitions=tps)
+        except GroupCoordinatorNotAvailableError:
+            return sum(ends.values()) or -1  # a fresh broker: the offsets topic is still being made
         lag = 0
         for tp in tps:
             meta = committed.get(tp)

@@ -1,5 +1,6 @@
 """The pipeline shared by the worker and ingest-file, on the memory stores: when an
-event is reported durable, restart convergence, and the in-order ack tracker."""
+event's offset becomes committable (the ledger's watermark), restart convergence,
+bounds (held-message age, open runs) and the store fault policy."""
 
 from __future__ import annotations
 
@@ -7,8 +8,7 @@ import random
 from datetime import datetime, timedelta, timezone
 
 import msgspec
-from hypothesis import given, settings
-from hypothesis import strategies as st
+import pytest
 
 from stepstream.core.fold import Limits
 from stepstream.core.wire import (
@@ -22,8 +22,9 @@ from stepstream.core.wire import (
     ToolCallPayload,
 )
 from stepstream.emitter.corpus import generate_events
-from stepstream.ingest.acks import AckTracker
-from stepstream.pipeline import Pipeline
+from stepstream.errors import SinkError, SinkUnavailable
+from stepstream.ingest.ledger import Ledger
+from stepstream.pipeline import Pipeline, StoreFailed
 from stepstream.sinks.memory import MemoryDeepStore, MemoryStepStore
 
 T0 = datetime(2026, 11, 29, 12, tzinfo=timezone.utc)
@@ -53,43 +54,91 @@ async def _dump(steps: MemoryStepStore, deep: MemoryDeepStore, companies) -> dic
     return out
 
 
+
+class Feed:
+    """Events pushed as records of one partition, offsets 0, 1, 2, ..."""
+
+    def __init__(self, pipe: Pipeline, tp: str = "p0") -> None:
+        self.pipe = pipe
+        self.tp = tp
+        self.offset = 0
+
+    async def push(self, event) -> int:
+        offset = self.offset
+        self.offset += 1
+        self.pipe.ledger.delivered(self.tp, offset, offset)
+        await self.pipe.push(event, self.tp, offset)
+        return offset
+
+    @property
+    def watermark(self) -> int | None:
+        return self.pipe.ledger.watermark(self.tp)
+
+
+def _pipe(steps, deep, **kw) -> Pipeline:
+    kw.setdefault("batch_records", 10_000)
+    return Pipeline(steps, deep, ledger=Ledger(), **kw)
+
+
 async def test_thinking_delta_is_durable_only_after_its_tail_is_written():
     steps, deep = MemoryStepStore(), MemoryDeepStore()
-    durable: list = []
     clock = Clock()
-    pipe = Pipeline(steps, deep, on_durable=durable.extend, clock=clock, batch_records=10_000, limits=Limits(idle_seconds=5))
-    await pipe.push(_ev(RunStart, RunStartPayload(agent_name="a"), 0), "start")
-    await pipe.push(_ev(ThinkingDelta, ThinkingDeltaPayload(text="hmm "), 1), "d1")
-    await pipe.push(_ev(ThinkingDelta, ThinkingDeltaPayload(text="more"), 2), "d2")
+    pipe = _pipe(steps, deep, clock=clock, limits=Limits(idle_seconds=5), max_hold_seconds=100)
+    feed = Feed(pipe)
+    await feed.push(_ev(RunStart, RunStartPayload(agent_name="a"), 0))
+    await feed.push(_ev(ThinkingDelta, ThinkingDeltaPayload(text="hmm "), 1))
+    await feed.push(_ev(ThinkingDelta, ThinkingDeltaPayload(text="more"), 2))
+    assert feed.watermark == 0  # nothing written yet
     await pipe.flush()
     # The run_start is durable; the deltas sit in an unflushed tail.
-    assert durable == ["start"]
+    assert feed.watermark == 1
     assert pipe.held == 2
     assert await deep.get_deep("acme", "r1") == []
     # Not idle long enough: nothing moves.
     clock.now = 4.0
     await pipe.tick()
     await pipe.flush()
-    assert durable == ["start"]
+    assert feed.watermark == 1
     # Idle: the tail is flushed and written, then both deltas are durable.
     clock.now = 10.0
     await pipe.tick()
     await pipe.flush()
-    assert durable[:3] == ["start", "d1", "d2"]
+    assert feed.watermark == 3
     rows = await deep.get_deep("acme", "r1")
     assert [r.reasoning for r in rows] == ["hmm more"]
     states = await steps.load_states("acme", ["r1"])
     assert states["r1"].last_seq == 2
 
 
+async def test_a_held_message_is_flushed_once_it_is_older_than_the_bound():
+    """A trickle (a delta every second, never idle for 5 s) no longer holds commits
+    forever: the tail holding the oldest message is flushed at max_hold_seconds."""
+    steps, deep = MemoryStepStore(), MemoryDeepStore()
+    clock = Clock()
+    pipe = _pipe(steps, deep, clock=clock, limits=Limits(idle_seconds=5), max_hold_seconds=3)
+    feed = Feed(pipe)
+    await feed.push(_ev(RunStart, RunStartPayload(agent_name="a"), 0))
+    lags = []
+    for seq in range(1, 30):
+        clock.now = float(seq)
+        await feed.push(_ev(ThinkingDelta, ThinkingDeltaPayload(text=""), seq))
+        await pipe.tick()
+        await pipe.flush()
+        lags.append(feed.offset - feed.watermark)
+    # Never more than max_hold_seconds worth of messages (one a second) behind.
+    assert max(lags) <= 4, lags
+    assert (await steps.load_states("acme", ["r1"]))["r1"].last_seq >= 25
+
+
 async def test_tool_call_closes_thinking_and_releases_held_events_in_one_batch():
     steps, deep = MemoryStepStore(), MemoryDeepStore()
-    durable: list = []
-    pipe = Pipeline(steps, deep, on_durable=durable.extend, batch_records=10_000)
-    await pipe.push(_ev(ThinkingDelta, ThinkingDeltaPayload(text="plan"), 0), "d0")
-    await pipe.push(_ev(ToolCall, ToolCallPayload(call_id="c", tool="sh", arguments={"password": "hunter2"}), 1), "call")
+    pipe = _pipe(steps, deep)
+    feed = Feed(pipe)
+    await feed.push(_ev(ThinkingDelta, ThinkingDeltaPayload(text="plan"), 0))
+    await feed.push(_ev(ToolCall, ToolCallPayload(call_id="c", tool="sh", arguments={"password": "hunter2"}), 1))
+    assert feed.watermark == 0
     await pipe.flush()
-    assert durable == ["d0", "call"]
+    assert feed.watermark == 2
     got = await steps.get_steps("acme", "r1")
     assert [s.kind for s in got] == ["thinking", "tool"]
     assert "hunter2" not in msgspec.json.encode(got).decode()
@@ -107,75 +156,134 @@ async def test_forgotten_runs_replay_from_the_store_identically():
     want = await _dump(ref_steps, ref_deep, companies)
 
     # A worker that loses its memory (a crash or a revoked partition) every so often
-    # and is re-fed everything from the last durable point (modelled as: from the start).
+    # and is re-fed everything from its committed offset (the ledger's watermark).
     steps, deep = MemoryStepStore(), MemoryDeepStore()
     rng = random.Random(9)
-    durable: list[int] = []
-    pipe = Pipeline(steps, deep, batch_records=37, on_durable=durable.extend)
-    i = 0
-    while i < len(events):
-        await pipe.push(events[i], i)
-        i += 1
+    pipe = _pipe(steps, deep, batch_records=37)
+    feed = Feed(pipe)
+    restarts = 0
+    while feed.offset < len(events):
+        await feed.push(events[feed.offset])
         if rng.random() < 0.01:
             await pipe.flush()
-            pipe.forget(lambda key: False)
-            # Resume from the first event not yet durable, as a committed offset would.
-            done = set(durable)
-            i = next((j for j in range(len(events)) if j not in done), len(events))
-            durable = sorted(done)
-            pipe = Pipeline(steps, deep, batch_records=37, on_durable=durable.extend)
+            committed = feed.watermark
+            pipe = _pipe(steps, deep, batch_records=37)
+            feed = Feed(pipe)
+            feed.offset = committed
+            restarts += 1
     await pipe.drain()
+    assert restarts > 3
     assert await _dump(steps, deep, companies) == want
 
 
-def test_ack_tracker_acks_only_the_done_prefix_in_offset_order():
-    acked: list = []
-    tracker = AckTracker(acked.append)
-    a = [tracker.track("p0", off, f"p0@{off}") for off in range(5)]
-    b = [tracker.track("p1", off, f"p1@{off}") for off in range(3)]
-    assert tracker.done([a[1], a[2], b[0]]) == 1
-    assert acked == ["p1@0"]
-    tracker.done([a[0]])
-    assert acked == ["p1@0", "p0@0", "p0@1", "p0@2"]
-    assert tracker.drop(["p1"]) == 2
-    tracker.done([b[1], b[2], a[4]])
-    assert acked == ["p1@0", "p0@0", "p0@1", "p0@2"]
-    tracker.done([a[3], None])
-    assert acked[-2:] == ["p0@3", "p0@4"]
-    assert tracker.waiting == 0
+async def test_many_open_runs_are_evicted_and_reload_identically():
+    """With a cap far below the number of runs in flight, folds are flushed and dropped
+    (least recently used first) and reload from the unwritten batch or the store."""
+    events = generate_events(5, runs=30, companies=2)
+    companies = sorted({e.company_id for e in events})
+    ref_steps, ref_deep = MemoryStepStore(), MemoryDeepStore()
+    ref = Pipeline(ref_steps, ref_deep, batch_records=500)
+    for e in events:
+        await ref.push(e)
+    await ref.drain()
+    rng = random.Random(4)
+    shuffled = _interleave(events, rng)
+    steps, deep = MemoryStepStore(), MemoryDeepStore()
+    pipe = Pipeline(steps, deep, batch_records=53, max_open_runs=3)
+    for e in shuffled:
+        await pipe.push(e)
+        assert pipe.open_runs <= 3
+    await pipe.drain()
+    assert await _dump(steps, deep, companies) == await _dump(ref_steps, ref_deep, companies)
 
 
-@settings(max_examples=60, deadline=None)
-@given(st.lists(st.tuples(st.integers(0, 2), st.booleans()), min_size=1, max_size=60), st.randoms(use_true_random=False))
-def test_ack_tracker_never_acks_past_an_unfinished_message(script, rnd):
-    acked: list = []
-    tracker = AckTracker(acked.append)
-    entries = []
-    offsets = {0: 0, 1: 0, 2: 0}
-    for part, _ in script:
-        entries.append(tracker.track(part, offsets[part], (part, offsets[part])))
-        offsets[part] += 1
-    finished = [e for e, (_, done) in zip(entries, script) if done]
-    rnd.shuffle(finished)
-    tracker.done(finished)
-    for part in offsets:
-        mine = [e for e in entries if e.tp == part]
-        prefix = 0
-        while prefix < len(mine) and mine[prefix].done:
-            prefix += 1
-        assert [a for a in acked if a[0] == part] == [(part, k) for k in range(prefix)]
+def _interleave(events, rng):
+    """Runs interleaved at random, each run's events still in order."""
+    by_run: dict = {}
+    for e in events:
+        by_run.setdefault((e.company_id, e.run_id), []).append(e)
+    queues = [list(v) for v in by_run.values()]
+    out = []
+    while queues:
+        q = rng.choice(queues)
+        out.append(q.pop(0))
+        if not q:
+            queues.remove(q)
+    return out
 
 
 async def test_duplicates_are_durable_at_once_and_change_nothing():
     steps, deep = MemoryStepStore(), MemoryDeepStore()
-    durable: list = []
-    pipe = Pipeline(steps, deep, on_durable=durable.extend)
+    pipe = _pipe(steps, deep)
+    feed = Feed(pipe)
     end = _ev(RunEnd, RunEndPayload(status="completed"), 1)
-    await pipe.push(_ev(RunStart, RunStartPayload(agent_name="a"), 0), "s")
-    await pipe.push(end, "e")
+    await feed.push(_ev(RunStart, RunStartPayload(agent_name="a"), 0))
+    await feed.push(end)
     await pipe.flush()
     before = await _dump(steps, deep, ["acme"])
-    await pipe.push(end, "dup")
+    await feed.push(end)
     await pipe.flush()
-    assert durable == ["s", "e", "dup"]
+    assert feed.watermark == 3
     assert await _dump(steps, deep, ["acme"]) == before
+
+
+class FlakyStepStore(MemoryStepStore):
+    """A memory step store whose next ``fail`` writes raise ``error``."""
+
+    def __init__(self, fail: int, error: Exception) -> None:
+        super().__init__()
+        self.fail = fail
+        self.error = error
+        self.calls = 0
+
+    async def write(self, steps, runs=(), states=()):
+        self.calls += 1
+        if self.fail > 0:
+            self.fail -= 1
+            raise self.error
+        return await super().write(steps, runs, states)
+
+
+async def _sleep(_: float) -> None:
+    return None
+
+
+async def test_a_retriable_store_error_retries_the_same_batch_until_it_lands():
+    steps, deep = FlakyStepStore(3, SinkUnavailable("locked")), MemoryDeepStore()
+    pipe = _pipe(steps, deep, sleep=_sleep)
+    feed = Feed(pipe)
+    await feed.push(_ev(RunStart, RunStartPayload(agent_name="a"), 0))
+    await feed.push(_ev(ToolCall, ToolCallPayload(call_id="c", tool="sh", arguments={}), 1))
+    await pipe.flush()
+    assert steps.calls == 4
+    assert feed.watermark == 2
+    assert pipe.writer.available
+    assert [s.kind for s in await steps.get_steps("acme", "r1")] == ["tool"]
+
+
+async def test_a_non_retriable_store_error_or_an_exhausted_budget_is_fatal_and_commits_nothing():
+    for error, fail in ((SinkError("disk image is malformed"), 1), (SinkUnavailable("locked"), 10_000)):
+        clock = Clock()
+
+        async def sleep(seconds: float) -> None:
+            clock.now += seconds
+
+        steps, deep = FlakyStepStore(fail, error), MemoryDeepStore()
+        pipe = _pipe(steps, deep, sleep=sleep, clock=clock, retry_seconds=30)
+        feed = Feed(pipe)
+        await feed.push(_ev(RunStart, RunStartPayload(agent_name="a"), 0))
+        with pytest.raises(StoreFailed):
+            await pipe.flush()
+        assert feed.watermark == 0, "nothing may be committed past a batch that did not land"
+        assert not pipe.writer.available or fail == 1
+        assert clock.now <= 30
+
+
+async def test_an_exception_that_is_not_a_sink_error_is_fatal():
+    steps, deep = FlakyStepStore(1, OverflowError("int too big")), MemoryDeepStore()
+    pipe = _pipe(steps, deep, sleep=_sleep)
+    feed = Feed(pipe)
+    await feed.push(_ev(RunStart, RunStartPayload(agent_name="a"), 0))
+    with pytest.raises(StoreFailed, match="OverflowError"):
+        await pipe.flush()
+    assert feed.watermark == 0

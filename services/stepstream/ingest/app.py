@@ -2,25 +2,31 @@
 
 Design (docs/worker.md has the long form):
 
-* The raw topic is read as bytes on a no-ack stream; each message is decoded once
-  with msgspec. A message that is not a valid v1 event goes to the dead-letter
-  topic with its original key, value and headers naming the reason and the
-  source partition/offset; it is acked only after the broker took the copy.
-* Good events go through the pipeline, which calls back when their effect is
-  durable in the sinks. Acks are given to faust strictly in offset order per
-  partition (:mod:`stepstream.ingest.acks`), so a committed offset never passes a
-  message whose rows (or whose thinking tail) are not yet durable.
-* Nothing lives in faust tables. On a rebalance the current batch is written,
-  then the folds and unacked messages of revoked partitions are forgotten; the
-  next owner reloads each run's durable state from the step store and replays
-  from the committed offset, which converges because the engine is deterministic
-  and every write is idempotent.
+* Records reach the worker as per-partition batches (:mod:`stepstream.ingest.consumer`);
+  each value is decoded once with msgspec. No per-message faust Event, task or ack.
+* A record that is not a valid v1 event, whose Kafka key is not
+  ``{company_id}/{run_id}`` of the event (``bad_key``), or that the fold refuses
+  (``seq_jump``, ``unfoldable``) goes to the dead-letter topic with its original key,
+  value and headers plus headers naming the reason and the source; the broker's
+  acknowledgement of the copy is awaited before the batch carrying it is durable.
+* Commits come from the :class:`~stepstream.ingest.ledger.Ledger`: per partition, the
+  offset after the longest prefix whose effects are durable.
+* Store faults follow :mod:`stepstream.pipeline.writer`: retried in place (``/ready``
+  503 meanwhile), or the process exits non-zero (:data:`EXIT_STORE_FAILED`) so Kafka
+  rewinds. Failing to open a store exits before anything is consumed.
+* Nothing lives in faust tables. On a rebalance the current batch is written, its
+  offsets committed, and the folds and holds of revoked partitions are dropped; the
+  next owner reloads each run's durable state from the step store and replays from
+  the committed offset, which converges because the engine is deterministic and
+  every write is idempotent and never moves a run backwards.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -33,113 +39,225 @@ from stepstream.config import Settings
 from stepstream.core.fold import Limits
 from stepstream.core.wire import decode_event
 from stepstream.errors import WireError
-from stepstream.ingest.acks import AckTracker
+from stepstream.ingest.consumer import BatchConsumer, BatchTransport, Records
 from stepstream.ingest.lag import LagPoller
+from stepstream.ingest.ledger import Ledger
 from stepstream.metrics import Metrics
-from stepstream.pipeline import Pipeline
+from stepstream.pipeline import Pipeline, StoreFailed
 from stepstream.sinks import open_deep_store, open_step_store
 
 log = logging.getLogger(__name__)
 
+EXIT_STORE_FAILED = 70  # EX_SOFTWARE: the stores failed under the fault policy; Kafka rewinds
+
+
+def die(reason: str, exc: BaseException | None = None) -> None:
+    """Stop the process now, non-zero. Nothing past the durable watermark was
+    committed, so a restart re-reads from there; exiting is the rewind."""
+    log.critical("stopping: %s%s", reason, f" ({exc})" if exc is not None else "")
+    for handler in logging.getLogger().handlers:
+        try:
+            handler.flush()
+        except Exception:  # noqa: BLE001 - best effort on the way out
+            pass
+    sys.stderr.flush()
+    os._exit(EXIT_STORE_FAILED)
+
 
 class IngestWorker:
-    """State of one worker process: stores, pipeline, ack tracker and readiness."""
+    """One worker process: stores, pipeline, ledger and readiness."""
 
     def __init__(self, settings: Settings, metrics: Metrics, dlq_topic: Any) -> None:
         self.settings = settings
         self.metrics = metrics
         self._dlq = dlq_topic
         self.lock = asyncio.Lock()
-        self.tracker = AckTracker(lambda event: event.ack())
+        self.ledger = Ledger()
         self.pipeline: Pipeline | None = None
         self._stores: list[Any] = []
-        self._run_tp: dict[tuple[str, str], Any] = {}
+        self._dead_letters: list[tuple[Any, str]] = []  # (broker future, reason)
         self.assigned = False
+        self.closed = False
         self.processed = 0
-        self._last_idle_check = 0.0
 
     async def start(self) -> None:
+        """Open the stores; any failure here stops the process before anything is consumed."""
         if self.pipeline is not None:
             return
-        steps = await open_step_store(self.settings.steps_sink)
-        deep = await open_deep_store(self.settings.deep)
+        try:
+            steps = await open_step_store(self.settings.steps_sink)
+            deep = await open_deep_store(self.settings.deep)
+        except Exception as exc:  # noqa: BLE001 - every failure to open is fatal, by policy
+            die("cannot open the stores", exc)
+            raise
+        if self.settings.fault_plan:
+            from stepstream.sinks.faults import wrap_stores
+
+            steps, deep = wrap_stores(steps, deep, self.settings.fault_plan)
         self._stores = [steps, deep]
         self.pipeline = Pipeline(
             steps,
             deep,
             limits=Limits(idle_seconds=self.settings.idle_flush_seconds),
             metrics=self.metrics,
-            on_durable=self.tracker.done,
+            ledger=self.ledger,
             batch_records=self.settings.batch_records,
             batch_seconds=self.settings.batch_seconds,
+            max_open_runs=self.settings.max_open_runs,
+            max_hold_seconds=self.settings.max_hold_seconds,
+            retry_seconds=self.settings.store_retry_seconds,
+            before_durable=self._confirm_dead_letters,
+        )
+        self.metrics.store_available.set(1)
+
+    def ready(self, rebalancing: bool) -> bool:
+        pipeline = self.pipeline
+        return (
+            self.assigned
+            and not rebalancing
+            and not self.closed
+            and pipeline is not None
+            and pipeline.writer.healthy()
         )
 
-    async def shutdown(self) -> None:
-        """Write the current batch and close the stores (their driver threads would
-        otherwise keep the process alive). Unflushed thinking tails are not written:
-        their messages were never acked, so the next start replays them."""
-        async with self.lock:
-            if self.pipeline is not None:
-                await self.pipeline.flush()
-            for store in self._stores:
-                await store.close()
-            self._stores = []
-            self.pipeline = None
+    # -- records ----------------------------------------------------------------
 
-    async def handle(self, event: Any) -> None:
-        """One delivered message: dead-letter it or push it through the pipeline."""
-        message = event.message
+    async def on_records(self, records: Records, current: Any) -> None:
+        """One fetch: every partition's records, in offset order per partition."""
         async with self.lock:
-            if self.pipeline is None:
-                await self.start()
-            entry = self.tracker.track(message.tp, message.offset, event)
-            try:
-                decoded = decode_event(event.value, max_bytes=self.settings.max_event_bytes)
-            except WireError as exc:
-                await self._dead_letter(message, exc)
-                self.tracker.done([entry])
+            if self.closed or self.pipeline is None:
                 return
-            self._run_tp[(decoded.company_id, decoded.run_id)] = message.tp
-            self.processed += 1
-            await self.pipeline.push(decoded, entry)
+            try:
+                for tp, batch in records.items():
+                    if batch and current(tp):
+                        await self._deliver(tp, batch)
+            except StoreFailed as exc:
+                die("the stores failed", exc)
 
-    async def _dead_letter(self, message: Any, exc: WireError) -> None:
+    async def _deliver(self, tp: Any, records: list[Any]) -> None:
+        pipeline = self.pipeline
+        assert pipeline is not None
+        ledger = self.ledger
+        expected = ledger.next_offset(tp)
+        if expected is not None and records[0].offset < expected:
+            records = [r for r in records if r.offset >= expected]  # re-fetched after a seek
+            if not records:
+                return
+        ledger.delivered(tp, records[0].offset, records[-1].offset)
+        max_bytes = self.settings.max_event_bytes
+        good: list[tuple[Any, Any]] = []
+        for record in records:
+            try:
+                event = decode_event(record.value if record.value is not None else b"", max_bytes=max_bytes)
+            except WireError as exc:
+                await self._dead_letter(record, exc.reason, exc.detail)
+                continue
+            if record.key != f"{event.company_id}/{event.run_id}".encode():
+                await self._dead_letter(
+                    record, "bad_key", "the Kafka key is not {company_id}/{run_id} of the event"
+                )
+                continue
+            good.append((event, record))
+        self.processed += len(records)
+        if not good:
+            return
+        await pipeline.load((event.company_id, event.run_id) for event, _ in good)
+        last = len(good) - 1
+        for i, (event, record) in enumerate(good):
+            try:
+                full = pipeline.apply(event, tp, record.offset)
+            except WireError as exc:
+                await self._dead_letter(record, exc.reason, exc.detail)
+                continue
+            except Exception as exc:  # noqa: BLE001 - a poison event must not stop the partition
+                log.exception("the fold refused %s/%s@%s", record.topic, record.partition, record.offset)
+                await self._dead_letter(record, "unfoldable", f"the fold raised {type(exc).__name__}")
+                continue
+            if full:
+                await pipeline.flush()
+                if i < last:
+                    # What follows in this fetch is not in any batch yet: open the next one at it.
+                    ledger.delivered(tp, good[i + 1][1].offset, records[-1].offset)
+
+    async def _dead_letter(self, record: Any, reason: str, detail: str) -> None:
         headers = [
-            ("stepstream-reason", exc.reason.encode()),
-            ("stepstream-detail", exc.detail[:500].encode("utf-8", "replace")),
-            ("stepstream-source", f"{message.topic}/{message.partition}/{message.offset}".encode()),
+            ("stepstream-reason", reason.encode()),
+            ("stepstream-detail", detail[:500].encode("utf-8", "replace")),
+            ("stepstream-source", f"{record.topic}/{record.partition}/{record.offset}".encode()),
         ]
-        headers.extend((k, v) for k, v in (message.headers or ()) if not k.startswith("stepstream-"))
-        fut = await self._dlq.send(key=message.key, value=message.value, headers=headers)
-        await fut  # acked only once the broker holds the copy
-        self.metrics.dead_letters.labels(exc.reason).inc()
-        log.warning(
-            "dead letter %s/%s@%s: %s", message.topic, message.partition, message.offset, exc
-        )
+        headers.extend((k, v) for k, v in (record.headers or ()) if not k.startswith("stepstream-"))
+        future = await self._dlq.send(key=record.key, value=record.value, headers=headers)
+        self._dead_letters.append((future, reason))
+        assert self.pipeline is not None
+        self.pipeline.settle()
+        log.warning("dead letter %s/%s@%s: %s: %s", record.topic, record.partition, record.offset, reason, detail[:200])
+
+    async def _confirm_dead_letters(self) -> None:
+        """Wait until the broker holds every dead-letter copy of the batch being sealed."""
+        pending, self._dead_letters = self._dead_letters, []
+        for future, reason in pending:
+            await future
+            self.metrics.dead_letters.labels(reason).inc()
+
+    # -- timers, rebalances, shutdown ---------------------------------------------
 
     async def tick(self) -> None:
         async with self.lock:
-            if self.pipeline is not None:
-                await self.pipeline.tick()
+            if self.pipeline is not None and not self.closed:
+                try:
+                    await self.pipeline.tick()
+                except StoreFailed as exc:
+                    die("the stores failed", exc)
 
-    async def revoked(self, tps: set[Any]) -> None:
-        """Write what is batched, then forget the revoked partitions' runs."""
+    async def revoked(self, consumer: Any, tps: set[Any]) -> None:
+        """Write what is batched, commit it, then drop the revoked partitions' runs."""
         self.assigned = False
         async with self.lock:
-            if self.pipeline is None:
-                self.tracker.drop(set(tps))
+            if self.pipeline is None or self.closed:
+                self.ledger.drop(tps)
                 return
-            await self.pipeline.flush()
-            gone = set(tps)
-            self.pipeline.forget(lambda key: self._run_tp.get(key) not in gone)
-            self._run_tp = {k: tp for k, tp in self._run_tp.items() if tp not in gone}
-            self.tracker.drop(gone)
+            try:
+                await self.pipeline.flush()
+            except StoreFailed as exc:
+                die("the stores failed", exc)
+            try:
+                await asyncio.wait_for(consumer.commit(set(tps)), timeout=5.0)
+            except Exception as exc:  # noqa: BLE001 - the next owner re-reads from the last commit
+                log.info("commit on revocation did not complete: %r", exc)
+            self.pipeline.drop_partitions(tps)
+
+    async def shutdown(self) -> None:
+        """Write the current batch (its offsets are then committed by faust's final
+        commit) and close the stores; nothing is delivered or reopened afterwards.
+        Unflushed thinking tails stay held: their messages are not committed, so the
+        next start replays them."""
+        async with self.lock:
+            self.closed = True
+            if self.pipeline is not None:
+                try:
+                    await self.pipeline.flush()
+                except StoreFailed as exc:
+                    die("the stores failed during shutdown", exc)
+            for store in self._stores:
+                await store.close()
+            self._stores = []
+
+
+class StepstreamApp(faust.App):
+    """faust's App, opening the stores before anything starts (so failing to open
+    them stops the worker before it consumes)."""
+
+    stepstream: IngestWorker
+
+    async def on_first_start(self) -> None:
+        await super().on_first_start()
+        await self.stepstream.start()
 
 
 def create_app(settings: Settings, metrics: Metrics | None = None) -> faust.App:
     """Build the faust app from settings. Nothing happens at import time."""
     metrics = metrics or Metrics()
-    app = faust.App(
+    app = StepstreamApp(
         settings.app_id,
         broker=f"kafka://{settings.broker}",
         key_serializer="raw",
@@ -160,16 +278,17 @@ def create_app(settings: Settings, metrics: Metrics | None = None) -> faust.App:
         # nothing in it (no tables), so it goes under the temp dir instead.
         datadir=str(Path(tempfile.gettempdir()) / f"stepstream-faust-{settings.app_id}"),
     )
+    app.transport = BatchTransport(app.conf.broker_consumer, app)
     raw = app.topic(settings.topic, key_type=bytes, value_type=bytes, partitions=settings.partitions)
     dlq = app.topic(settings.dlq, key_type=bytes, value_type=bytes, partitions=settings.partitions)
+    app.topics.add(raw)  # subscribed without an agent: records arrive through BatchConsumer
     worker = IngestWorker(settings, metrics, dlq)
+    app.stepstream = worker
+    consumer = app.consumer
+    assert isinstance(consumer, BatchConsumer)
+    consumer.handler = worker.on_records
+    consumer.ledger = worker.ledger
     poller = LagPoller(settings.broker, settings.app_id, settings.topic, metrics, settings.lag_poll_seconds)
-    app.stepstream = worker  # type: ignore[attr-defined]
-
-    @app.agent(raw, name="stepstream-ingest")
-    async def ingest(stream: faust.StreamT) -> None:
-        async for event in stream.noack().events():
-            await worker.handle(event)
 
     @app.task
     async def flush_batches() -> None:
@@ -188,7 +307,7 @@ def create_app(settings: Settings, metrics: Metrics | None = None) -> faust.App:
 
     @app.on_partitions_revoked.connect
     async def on_revoked(app: faust.App, revoked: set, **kwargs: Any) -> None:
-        await worker.revoked(revoked)
+        await worker.revoked(app.consumer, revoked)
 
     @app.on_before_shutdown.connect
     async def on_shutdown(app: faust.App, **kwargs: Any) -> None:
@@ -205,8 +324,14 @@ def create_app(settings: Settings, metrics: Metrics | None = None) -> faust.App:
 
     @app.page("/ready")
     async def ready_page(web: Any, request: Any) -> Any:
-        ok = worker.assigned and not app.rebalancing and worker.pipeline is not None
-        body = {"ready": ok, "rebalancing": app.rebalancing, "processed": worker.processed}
+        ok = worker.ready(app.rebalancing)
+        pipeline = worker.pipeline
+        body = {
+            "ready": ok,
+            "rebalancing": app.rebalancing,
+            "stores_writable": pipeline is not None and pipeline.writer.healthy(),
+            "processed": worker.processed,
+        }
         return web.json(body, status=200 if ok else 503)
 
     @app.page("/healthz")

@@ -63,6 +63,8 @@ async def ingest_file(
                     continue
                 try:
                     event = decode_event(body, max_bytes=max_event_bytes)
+                    await pipeline.push(event)
+                    report.events += 1
                 except WireError as exc:
                     report.rejected += 1
                     if reject_out is None:
@@ -76,9 +78,6 @@ async def ingest_file(
                         )
                         + b"\n"
                     )
-                    continue
-                report.events += 1
-                await pipeline.push(event, number)
             await pipeline.drain()
         report.batches = pipeline.written_batches
     finally:

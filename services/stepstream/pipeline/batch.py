@@ -1,0 +1,63 @@
+"""One write's worth of rows, coalesced by key with the stores' own merge rules."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from stepstream.core.fold import Output
+from stepstream.core.merge import can_merge_deep, merge_deep, merge_step
+from stepstream.core.records import DeepRecord, RunRecord, RunState, StepRecord
+
+RunKey = tuple[str, str]
+
+
+class RowBatch:
+    """Rows of one write, coalesced by key with the store's own merge semantics
+    (``core.merge``), plus what rides on it: how many consumed records it settles,
+    their event times (for the ingest-lag histogram) and the event types applied."""
+
+    __slots__ = ("steps", "deeps", "deep_at", "runs", "states", "records", "event_ts", "types", "ended", "opened")
+
+    def __init__(self, now: float = 0.0) -> None:
+        self.steps: dict[tuple[str, str, int], StepRecord] = {}
+        self.deeps: list[DeepRecord] = []
+        self.deep_at: dict[tuple[str, str, int], int] = {}
+        self.runs: dict[RunKey, RunRecord] = {}
+        self.states: dict[RunKey, RunState] = {}
+        self.records = 0  # consumed records (or lines) this batch settles
+        self.event_ts: list[float] = []
+        self.types: Counter[str] = Counter()
+        self.ended: list[RunKey] = []
+        self.opened = now
+
+    def __len__(self) -> int:
+        return len(self.steps) + len(self.deeps) + len(self.runs) + self.records
+
+    @property
+    def has_rows(self) -> bool:
+        return bool(self.steps or self.deeps or self.runs or self.states)
+
+    def add_step(self, step: StepRecord) -> None:
+        key = (step.company_id, step.run_id, step.step_seq)
+        self.steps[key] = merge_step(self.steps.get(key), step)
+
+    def add_deep(self, deep: DeepRecord) -> None:
+        """Merge into the pending row of the same key when no character would be
+        lost; otherwise keep it as a separate write, applied in order."""
+        key = (deep.company_id, deep.run_id, deep.step_seq)
+        at = self.deep_at.get(key)
+        if at is not None and can_merge_deep(self.deeps[at], deep):
+            self.deeps[at] = merge_deep(self.deeps[at], deep)
+        else:
+            self.deep_at[key] = len(self.deeps)
+            self.deeps.append(deep)
+
+    def add(self, out: Output) -> None:
+        for step in out.steps:
+            self.add_step(step)
+        for deep in out.deeps:
+            self.add_deep(deep)
+        if out.run is not None:
+            self.runs[(out.run.company_id, out.run.run_id)] = out.run
+        if out.state is not None:
+            self.states[(out.state.company_id, out.state.run_id)] = out.state
