@@ -174,7 +174,7 @@ class IngestWorker:
                 await self._dead_letter(record, "unfoldable", f"the fold raised {type(exc).__name__}")
                 continue
             if full:
-                await pipeline.flush()
+                await pipeline.flush(wait=False)
                 if i < last:
                     # What follows in this fetch is not in any batch yet: open the next one at it.
                     ledger.delivered(tp, good[i + 1][1].offset, records[-1].offset)

@@ -64,10 +64,18 @@ class BatchConsumer(faust_aiokafka.Consumer):
         consumer_should_stop = self._stopped.is_set
         fetcher_should_stop = fetcher._stopped.is_set
         app = self.app
+
+        def fetch() -> tuple[int, asyncio.Future[Any]]:
+            return app.consumer_generation_id, asyncio.ensure_future(self._wait_next_records(1.0))
+
+        # One fetch is always in flight while a batch is handled, so the consumer
+        # thread unpacks the next records while this thread folds the current ones.
+        pending = fetch()
         try:
             while not (consumer_should_stop() or fetcher_should_stop()):
-                generation = app.consumer_generation_id
-                records, _active = await self._wait_next_records(1.0)
+                generation, future = pending
+                records, _active = await future
+                pending = fetch()
                 if not records or self.should_stop:
                     continue
                 if not self.flow_active or app.consumer_generation_id != generation:
@@ -92,6 +100,8 @@ class BatchConsumer(faust_aiokafka.Consumer):
             if self.transport.app.should_stop:
                 return
             raise
+        finally:
+            pending[1].cancel()
 
     def _filter_tps_with_pending_acks(self, topics: Any = None) -> Iterator[Any]:
         ledger = self.ledger

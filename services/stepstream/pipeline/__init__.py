@@ -90,7 +90,8 @@ class Pipeline:
         self._staged: dict[RunKey, RunState | None] = {}  # loaded, not yet opened
         self._held_ts: dict[RunKey, list[float]] = {}  # event times of held deltas
         self._batch = RowBatch(clock())
-        self._writing: RowBatch | None = None
+        self._writing: RowBatch | None = None  # the batch being written, if any
+        self._inflight: asyncio.Future[None] | None = None
         self._next_idle_check = 0.0
         self._next_evict = 0.0
         self.duplicates = 0
@@ -141,7 +142,7 @@ class Pipeline:
         if key not in self.folds:
             await self.load((key,))
         if self.apply(event, tp, offset):
-            await self.flush()
+            await self.flush(wait=False)
 
     def settle(self, records: int = 1) -> None:
         """``records`` consumed records with no event (dead letters) ride on the open batch."""
@@ -221,15 +222,36 @@ class Pipeline:
         """Whether the open batch is old enough to be written."""
         return len(self._batch) > 0 and self._clock() - self._batch.opened >= self._batch_seconds
 
-    async def flush(self) -> None:
+    async def flush(self, *, wait: bool = True) -> None:
         """Seal the open batch, write it under the fault policy and mark it durable.
-        Raises :class:`StoreFailed` when the policy gives up (stop the process)."""
+
+        With ``wait=False`` the write runs in the background while folding goes on; at
+        most one write is in flight (this call first waits for the previous one), so
+        batches land in order and the folds are never more than one batch ahead of the
+        store. Raises :class:`StoreFailed` (from this write or the previous one) when
+        the policy gives up: stop the process."""
+        await self.settle()
         batch = self._batch
         if not batch.has_rows and not batch.records:
             return
         self._batch = RowBatch(self._clock())
         sealed = self.ledger.seal() if self.ledger is not None else None
         self._writing = batch
+        self._inflight = asyncio.ensure_future(self._write(batch, sealed))
+        if wait:
+            await self.settle()
+
+    async def settle(self) -> None:
+        """Wait for the write in flight, if any (raises what it raised)."""
+        task = self._inflight
+        if task is not None:
+            try:
+                await asyncio.shield(task)
+            finally:
+                if task.done():
+                    self._inflight = None
+
+    async def _write(self, batch: RowBatch, sealed: Any) -> None:
         try:
             if self._before_durable is not None:
                 await self._before_durable()
@@ -277,6 +299,8 @@ class Pipeline:
     async def tick(self) -> None:
         """Periodic work: flush idle tails and too-old holds, drop idle folds, then
         write a due batch."""
+        if self._inflight is not None and self._inflight.done():
+            await self.settle()  # surfaces a write that failed in the background
         now = self._clock()
         tails = self.folds.tails
         if tails and now >= self._next_idle_check:
@@ -300,7 +324,7 @@ class Pipeline:
                 if self._metrics is not None:
                     self._metrics.evicted_runs.labels("idle").inc()
         if self.due():
-            await self.flush()
+            await self.flush(wait=False)
 
     async def drain(self) -> None:
         """Make everything durable now: flush every pending tail (as an idle flush
