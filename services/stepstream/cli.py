@@ -40,6 +40,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--web-host", help="bind address of the web port [127.0.0.1]")
     p.add_argument("--max-event-bytes", type=int, help="larger messages are dead-lettered as oversize [1048576]")
     p.add_argument("--idle-flush-seconds", type=float, help="flush an idle thinking tail after this long [5]")
+    p.add_argument(
+        "--max-hold-seconds", type=float, help="flush the tail holding the oldest uncommitted message after this long [10]"
+    )
+    p.add_argument("--max-open-runs", type=int, help="runs kept in memory; the least recently used are flushed [20000]")
+    p.add_argument(
+        "--store-retry-seconds", type=float, help="retry a batch while a store is unavailable, then exit 70 [60]"
+    )
 
     p = sub.add_parser("demo", help="emit realistic agent runs to the raw topic")
     _common(p)
@@ -60,7 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
 def _settings(args: argparse.Namespace) -> Settings:
     keys = (
         "broker", "topic", "partitions", "log_level", "steps_sink", "deep_sink", "app_id",
-        "web_port", "web_host", "max_event_bytes", "idle_flush_seconds",
+        "web_port", "web_host", "max_event_bytes", "idle_flush_seconds", "max_hold_seconds", "max_open_runs",
+        "store_retry_seconds",
     )
     return load_settings({k: getattr(args, k, None) for k in keys})
 
