@@ -45,6 +45,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # Path of a fault plan (JSON) that wraps both stores with the fault injector
     # (``stepstream.sinks.faults``); empty: off. For chaos tests, never in production.
     fault_plan: str = ""
+    # Consumer group session timeout: a worker silent this long loses its partitions.
+    session_timeout_seconds: float = 60.0
     max_event_bytes: int = 1_048_576
     lag_poll_seconds: float = 2.0
     log_level: str = "warning"
