@@ -29,7 +29,8 @@ class Metrics:
         )
         self.ingest_lag = Histogram(
             "stepstream_ingest_lag_seconds",
-            "Event timestamp to sink commit.",
+            "Event timestamp to sink commit, by kind: thinking_delta (held in a tail until it flushes) or other.",
+            ["kind"],
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )

@@ -131,7 +131,7 @@ class Pipeline:
         else:
             tag = event.__struct_config__.tag
             batch.types[tag] += 1
-            self._take(key, out, tp, offset, now, event.ts.timestamp())
+            self._take(key, out, tp, offset, now, event.ts.timestamp(), tag == "thinking_delta")
             if tag == "run_end":
                 batch.ended.append(key)
         return len(batch) >= self._batch_records
@@ -167,7 +167,9 @@ class Pipeline:
             state = self._writing.states.get(key, _MISSING)
         return state
 
-    def _take(self, key: RunKey, out: Output, tp: Hashable, offset: int, now: float, ts: float | None) -> None:
+    def _take(
+        self, key: RunKey, out: Output, tp: Hashable, offset: int, now: float, ts: float | None, delta: bool = False
+    ) -> None:
         batch = self._batch
         batch.add(out)
         m = self._metrics
@@ -189,9 +191,9 @@ class Pipeline:
             self.ledger.release(key)
         held = self._held_ts.pop(key, None)
         if held:
-            batch.event_ts.extend(held)
+            batch.delta_ts.extend(held)
         if ts is not None:
-            batch.event_ts.append(ts)
+            (batch.delta_ts if delta else batch.event_ts).append(ts)
 
     def _flush_tail(self, key: RunKey, trigger: str, now: float) -> None:
         entry = self.folds.get(key)
@@ -288,9 +290,11 @@ class Pipeline:
         for kind, n in batch.types.items():
             m.events.labels(kind).inc(n)
         wall = self._wall()
-        observe = m.ingest_lag.observe
-        for ts in batch.event_ts:
-            observe(max(0.0, wall - ts))
+        for kind, times in (("other", batch.event_ts), ("thinking_delta", batch.delta_ts)):
+            if times:
+                observe = m.ingest_lag.labels(kind).observe
+                for ts in times:
+                    observe(max(0.0, wall - ts))
         m.open_runs.set(len(self.folds))
         m.pending_events.set(sum(len(v) for v in self._held_ts.values()))
         if self.ledger is not None:

@@ -16,7 +16,7 @@ class RowBatch:
     (``core.merge``), plus what rides on it: how many consumed records it settles,
     their event times (for the ingest-lag histogram) and the event types applied."""
 
-    __slots__ = ("steps", "deeps", "deep_at", "runs", "states", "records", "event_ts", "types", "ended", "opened")
+    __slots__ = ("steps", "deeps", "deep_at", "runs", "states", "records", "event_ts", "delta_ts", "types", "ended", "opened")
 
     def __init__(self, now: float = 0.0) -> None:
         self.steps: dict[tuple[str, str, int], StepRecord] = {}
@@ -25,7 +25,8 @@ class RowBatch:
         self.runs: dict[RunKey, RunRecord] = {}
         self.states: dict[RunKey, RunState] = {}
         self.records = 0  # consumed records (or lines) this batch settles
-        self.event_ts: list[float] = []
+        self.event_ts: list[float] = []  # event times of what this batch makes durable
+        self.delta_ts: list[float] = []  # ... of its thinking deltas
         self.types: Counter[str] = Counter()
         self.ended: list[RunKey] = []
         self.opened = now
