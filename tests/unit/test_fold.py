@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from datetime import timedelta, timezone
+import copy
+from datetime import datetime, timedelta, timezone
 
 import msgspec
 import pytest
 from fold_support import T0, Script, Store, ev, fold_all, records_json
 from stepstream.core.caps import CLIP_MARKER
 from stepstream.core.fold import Limits, Output, RunFold
-from stepstream.core.records import RunState
+from stepstream.core.records import RunRecord, RunState
+from stepstream.errors import WireError
 
 
 def push_all(fold: RunFold, events, now: float = 0.0) -> list[Output]:
@@ -20,6 +22,7 @@ def test_limits_defaults_are_the_contract():
     lim = Limits()
     assert (lim.reasoning_chars, lim.output_chars, lim.arguments_chars) == (65536, 65536, 32768)
     assert (lim.max_steps, lim.flush_bytes, lim.idle_seconds) == (500, 2048, 5.0)
+    assert (lim.flush_deltas, lim.max_seq_jump) == (512, 1_000_000)
 
 
 # -- thinking fold -------------------------------------------------------------
@@ -165,6 +168,103 @@ def test_empty_delta_still_makes_a_step():
     store, _ = fold_all(s.events)
     assert store.steps[("acme", "r1", 0)].output_shape == "0 characters"
     assert store.deeps[("acme", "r1", 0)].reasoning == ""
+
+
+def test_every_delta_counts_toward_the_size_flush():
+    s = Script()
+    s.think(*[""] * 1100)  # a trickle of empty deltas: 0 bytes, but 512 deltas flush like 2 KiB
+    fold = RunFold("acme", "r1")
+    outs = [fold.push(e, float(i)) for i, e in enumerate(s.events)]
+    flushed = [i for i, o in enumerate(outs) if o.flushes]
+    assert flushed == [511, 1023]
+    assert all(outs[i].flushes == ["size"] and outs[i].state is not None for i in flushed)
+    assert outs[1023].state.last_seq == 1023 and fold.pending  # 76 deltas pending again
+
+
+def test_the_delta_count_and_the_byte_count_flush_whichever_comes_first():
+    lim = Limits(flush_bytes=10, flush_deltas=3)
+    s = Script()
+    s.think("a", "b", "c", "0123456789", "d", "", "")
+    store, outs = fold_all(s.events, lim, flush_end=False)
+    flushed = [o for o in outs if o.flushes]
+    assert [o.deeps[0].reasoning for o in flushed] == ["abc", "0123456789", "d"]
+    assert [o.flushes for o in flushed] == [["size"]] * 3 and outs.index(flushed[1]) == 3
+    # The same events, folded again or restored from any snapshot, flush at the same deltas.
+    again, outs_again = fold_all(s.events, lim, flush_end=False)
+    assert again.snapshot() == store.snapshot() and outs_again == outs
+
+
+# -- rejected events --------------------------------------------------------------
+
+
+def fingerprint(fold: RunFold) -> dict:
+    """Everything a fold holds, copied (``fold.state`` omits the pending tail)."""
+    return {name: copy.deepcopy(getattr(fold, name)) for name in RunFold.__slots__}
+
+
+def busy_fold(limits: Limits = Limits()) -> RunFold:
+    """A fold with a run record, an open call and a pending thinking tail."""
+    s = Script()
+    s("run_start", agent_name="bot")
+    s("tool_call", call_id="c", tool="t", arguments={})
+    s.think("pending ")
+    fold = RunFold("acme", "r1", limits=limits)
+    push_all(fold, s.events)
+    assert fold.pending and fold.state.open_calls
+    return fold
+
+
+def test_a_seq_jump_is_rejected_before_anything_changes():
+    fold = busy_fold(Limits(max_seq_jump=100))
+    before = fingerprint(fold)
+    with pytest.raises(WireError) as info:
+        fold.push(ev("thinking_delta", 2 + 101, text="x"), 1.0)
+    assert info.value.reason == "seq_jump" and "102" not in str(info.value)
+    with pytest.raises(WireError):
+        fold.push(ev("tool_result", 2**53 - 1, ts=T0, call_id="c", output=1), 1.0)
+    assert fingerprint(fold) == before
+    # The next events of the run still apply; a jump of exactly the limit is a gap.
+    out = fold.push(ev("tool_result", 2 + 100, call_id="c", output=1), 1.0)
+    assert out is not None and out.run.seq_gaps == 1 and out.state.last_seq == 102
+
+
+def test_the_first_event_of_a_run_may_not_jump_either():
+    fold = RunFold("acme", "r1")
+    before = fingerprint(fold)
+    with pytest.raises(WireError, match="seq_jump"):
+        fold.push(ev("run_start", 1_000_000, agent_name="bot"), 0.0)  # last applied is -1
+    assert fingerprint(fold) == before
+    assert fold.push(ev("run_start", 999_999, agent_name="bot"), 0.0).state.last_seq == 999_999
+
+
+@pytest.mark.parametrize(
+    "ts",
+    [
+        datetime(1, 1, 1, 0, 30, tzinfo=timezone(timedelta(hours=1))),
+        datetime(9999, 12, 31, 23, 30, tzinfo=timezone(timedelta(hours=-1))),
+        datetime(1969, 12, 31, 23, 59, 59, tzinfo=timezone.utc),
+        datetime(9999, 12, 30, 0, 0, 1),  # naive: taken as UTC
+    ],
+)
+def test_a_time_outside_the_window_is_rejected_before_anything_changes(ts):
+    # decode_event rejects these already; events built in Python get the same answer.
+    for event in (ev("thinking_delta", 3, ts=ts, text="x"), ev("tool_result", 3, ts=ts, call_id="c", output=1)):
+        fold = busy_fold()
+        before = fingerprint(fold)
+        with pytest.raises(WireError) as info:
+            fold.push(event, 1.0)
+        assert info.value.reason == "out_of_range"
+        assert fingerprint(fold) == before
+        assert fold.flush() is not None  # and the fold still works
+
+
+def test_token_totals_saturate_below_2_63():
+    near = RunRecord(company_id="acme", run_id="r1", input_tokens=2**63 - 10, output_tokens=5)
+    fold = RunFold("acme", "r1", RunState(company_id="acme", run_id="r1", run=near))
+    out = fold.push(ev("llm_response", 0, call_id="l", output=1, usage=dict_usage(10**12, 10**12, 10**12)), 0.0)
+    assert (out.run.input_tokens, out.run.output_tokens, out.run.reasoning_tokens) == (2**63 - 1, 10**12 + 5, 10**12)
+    out = fold.push(ev("llm_response", 1, call_id="l", output=1, usage=dict_usage(10**12, 0, 0)), 0.0)
+    assert out.run.input_tokens == 2**63 - 1
 
 
 # -- caps ----------------------------------------------------------------------

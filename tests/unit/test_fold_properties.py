@@ -44,6 +44,7 @@ limits_st = st.builds(
     max_steps=st.integers(1, 10),
     flush_bytes=st.integers(1, 40),
     idle_seconds=st.just(5.0),
+    flush_deltas=st.integers(1, 6) | st.just(512),
 )
 
 

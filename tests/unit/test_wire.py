@@ -97,7 +97,7 @@ def test_decodes_every_type_to_its_struct():
         (json.dumps(_good(event_id="")).encode(), "bad_id"),
         (json.dumps(_good(v=2)).encode(), "bad_version"),
         (json.dumps(_good(v="1")).encode(), "wrong_type"),
-        (json.dumps(_good(seq=-1)).encode(), "invalid_value"),
+        (json.dumps(_good(seq=-1)).encode(), "out_of_range"),
         (json.dumps(_good(ts="yesterday")).encode(), "invalid_value"),
         (json.dumps(_good(ts="2026-11-29T10:00:00")).encode(), "invalid_value"),
         (json.dumps(_good(type="run_end", payload={"status": "paused"})).encode(), "invalid_value"),
@@ -105,6 +105,84 @@ def test_decodes_every_type_to_its_struct():
 )
 def test_bad_input_gets_a_named_reason(data, reason):
     assert _reason(data) == reason
+
+
+def _nested(levels: int) -> bytes:
+    """A tool call whose message nests exactly ``levels`` arrays and objects (the
+    event object is 1, its payload 2, the arguments object 3)."""
+    inner = b"[" * (levels - 3) + b"]" * (levels - 3)
+    event = _good(payload={"call_id": "c", "tool": "t", "arguments": {"a": "@"}})
+    return json.dumps(event).encode().replace(b'"@"', inner)
+
+
+@pytest.mark.parametrize(
+    ("over", "reason"),
+    [
+        ({"ts": "0001-01-01T00:30:00+01:00"}, "out_of_range"),  # decodes, but overflows in UTC
+        ({"ts": "9999-12-31T23:30:00-01:00"}, "out_of_range"),
+        ({"ts": "1969-12-31T23:59:59.999999Z"}, "out_of_range"),
+        ({"ts": "1970-01-01T00:59:59.999999+01:00"}, "out_of_range"),
+        ({"ts": "9999-12-30T00:00:00.000001Z"}, "out_of_range"),
+        ({"ts": "1970-01-01T00:00:00Z"}, None),
+        ({"ts": "1969-12-31T19:00:00-05:00"}, None),
+        ({"ts": "9999-12-30T00:00:00Z"}, None),
+        ({"seq": 2**53 - 1}, None),
+        ({"seq": 2**53}, "out_of_range"),
+        ({"seq": 10**20}, "out_of_range"),
+        ({"type": "llm_response", "payload": {"call_id": "c", "output": 1, "usage": {"input_tokens": 10**12}}}, None),
+        ({"type": "llm_response", "payload": {"call_id": "c", "output": 1, "usage": {"input_tokens": 2**63}}}, "out_of_range"),
+        ({"type": "llm_response", "payload": {"call_id": "c", "output": 1, "usage": {"output_tokens": 10**12 + 1}}}, "out_of_range"),
+        ({"type": "llm_response", "payload": {"call_id": "c", "output": 1, "usage": {"reasoning_tokens": -1}}}, "out_of_range"),
+    ],
+)  # fmt: skip
+def test_bounds(over, reason):
+    data = json.dumps(_good(**over)).encode()
+    if reason is None:
+        wire.decode_event(data)
+    else:
+        assert _reason(data) == reason
+
+
+def test_a_number_json_cannot_hold_as_a_float_is_out_of_range():
+    data = json.dumps(_good(payload={"call_id": "c", "tool": "t", "arguments": {"x": "@"}})).encode()
+    assert _reason(data.replace(b'"@"', b"1e400")) == "out_of_range"
+
+
+@pytest.mark.parametrize("kind", [bytes, bytearray, memoryview, lambda b: b.decode()])
+def test_nesting_is_bounded_for_every_input_kind(kind):
+    assert isinstance(wire.decode_event(kind(_nested(wire.MAX_NESTING))), wire.ToolCall)
+    assert _reason(kind(_nested(wire.MAX_NESTING + 1))) == "too_deep"
+    assert _reason(kind(_nested(990))) == "too_deep"  # decodes, but encoding it in the fold would not
+    assert _reason(kind(_nested(5000))) == "too_deep"  # past msgspec's own recursion limit
+
+
+def test_many_brackets_that_do_not_nest_are_fine():
+    wide = [[[]] for _ in range(500)]  # 1,000 brackets, four levels deep
+    arguments = {"w": wide, "s": "[" * 300}
+    event = wire.decode_event(json.dumps(_good(payload={"call_id": "c", "tool": "t", "arguments": arguments})).encode())
+    assert len(event.payload.arguments["w"]) == 500
+
+
+def test_nesting_in_an_ignored_field_is_bounded_by_msgspec():
+    deep = b"[" * 5000 + b"]" * 5000
+    data = json.dumps(_good(extra="@")).encode().replace(b'"@"', deep)
+    assert _reason(data) == "too_deep"
+
+
+def test_json_fields_names_every_payload_field_that_holds_any_json():
+    for cls in wire.EVENT_TYPES:
+        payload = msgspec.structs.fields(_payload_type(cls))
+        free = tuple(f.name for f in payload if "Any" in repr(f.type))
+        assert wire.JSON_FIELDS.get(cls, ()) == free, cls.__name__
+
+
+def _payload_type(cls: type) -> type:
+    return next(f.type for f in msgspec.structs.fields(cls) if f.name == "payload")
+
+
+def test_reasons_are_unique_and_name_the_new_ones():
+    assert len(set(wire.DECODE_REASONS)) == len(wire.DECODE_REASONS)
+    assert {"out_of_range", "too_deep", "seq_jump", "bad_key", "unfoldable"} <= set(wire.DECODE_REASONS)
 
 
 def test_error_names_the_field():

@@ -18,8 +18,10 @@ Contracts:
   ordinal is fixed at the first delta. The unflushed text (the *tail*) lives
   only in memory. It is flushed as a positional chunk of the deep ``reasoning``
   (``reasoning_offset`` = characters already durable) with trigger ``size`` as
-  soon as ``Limits.flush_bytes`` UTF-8 bytes are pending (the whole tail,
-  including the delta that crossed the line), ``close`` when any other event of
+  soon as ``Limits.flush_bytes`` UTF-8 bytes or ``Limits.flush_deltas`` deltas
+  are pending (the whole tail, including the delta that crossed the line; every
+  delta counts, also an empty one, so a trickle of empty deltas is flushed too),
+  ``close`` when any other event of
   the run arrives (before that event's own records) or on ``run_end``, and
   ``idle`` from :meth:`RunFold.flush_idle`. Closing marks the step ``ok``.
 * **Idle and forced flushes do not close.** :meth:`RunFold.flush_idle` and
@@ -41,6 +43,15 @@ Contracts:
 * **Idempotence.** An event whose ``seq`` is not above the last applied one
   returns ``None`` and changes nothing (``stale`` counts it). A gap
   (``seq > last + 1``) is applied and counted in ``RunRecord.seq_gaps``.
+* **Rejection.** An event ``push`` cannot apply raises
+  :class:`~stepstream.errors.WireError` before anything changes (the fold is as
+  it was, so the caller dead-letters the event and goes on): ``seq_jump`` when
+  ``seq > last_seq + Limits.max_seq_jump`` (one wild ``seq`` would otherwise make
+  every later event of the run a duplicate), ``out_of_range`` for a ``ts``
+  outside the window of ``core.timefmt`` (``decode_event`` already rejects those;
+  this guards events built in Python). For an event from ``decode_event`` of its
+  own run, ``push`` raises nothing else: everything after these checks is total.
+  Token totals on the run record saturate at ``2**63 - 1``.
 * **Durability.** ``Output.state`` is a snapshot of :class:`RunState`, present
   exactly when no tail is pending after the call; every event up to its
   ``last_seq`` is fully reflected in the Output's records and those before it.
@@ -71,14 +82,19 @@ from stepstream.core.caps import clip_chunk
 from stepstream.core.records import DeepRecord, RunRecord, RunState, StepRecord
 from stepstream.core.redact import mask_credentials
 from stepstream.core.steps import CALLS, OPENERS, RESULTS, Rows, call_key, opening_rows, result_rows, thinking_step
-from stepstream.core.timefmt import format_ts, parse_ts
+from stepstream.core.timefmt import TS_MAX, TS_MIN, WINDOW, format_ts, in_window, parse_ts
+from stepstream.errors import WireError
 
-__all__ = ["Limits", "Output", "RunFold"]
+__all__ = ["MAX_TOKEN_TOTAL", "Limits", "Output", "RunFold"]
+
+# Token totals saturate here, so no sum of usage counts overflows a signed 64-bit column.
+MAX_TOKEN_TOTAL = 2**63 - 1
 
 
 class Limits(msgspec.Struct, frozen=True):
-    """Caps (characters), the step ceiling, the flush size (UTF-8 bytes) and the
-    idle timeout (seconds of the injected clock)."""
+    """Caps (characters), the step ceiling, the flush thresholds (UTF-8 bytes and
+    deltas pending), the idle timeout (seconds of the injected clock) and how far
+    past the last applied ``seq`` an event may jump."""
 
     reasoning_chars: int = 65536
     output_chars: int = 65536
@@ -86,6 +102,8 @@ class Limits(msgspec.Struct, frozen=True):
     max_steps: int = 500
     flush_bytes: int = 2048
     idle_seconds: float = 5.0
+    flush_deltas: int = 512
+    max_seq_jump: int = 1_000_000
 
 
 class Output(msgspec.Struct):
@@ -99,7 +117,7 @@ class Output(msgspec.Struct):
     clipped: list[str] = []
 
 
-_Handler = Callable[["RunFold", Any, Output], None]
+_Handler = Callable[["RunFold", Any, str, Output], None]
 _ThinkingDelta = wire.ThinkingDelta
 
 
@@ -116,8 +134,8 @@ class RunFold:
     __slots__ = (
         "company_id", "run_id", "limits", "stale", "_last_seq", "_next", "_open", "_run",
         "_dirty", "_max_ts", "_max_ts_str", "_th_ord", "_th_chars", "_th_clipped",
-        "_th_started", "_pending", "_tail", "_tail_chars", "_tail_bytes", "_delta_now",
-        "_max_steps", "_flush_bytes",
+        "_th_started", "_pending", "_tail", "_tail_chars", "_tail_bytes", "_tail_deltas", "_delta_now",
+        "_max_steps", "_flush_bytes", "_flush_deltas", "_max_seq_jump",
     )  # fmt: skip
 
     def __init__(self, company_id: str, run_id: str, state: RunState | None = None, limits: Limits = Limits()):
@@ -126,11 +144,14 @@ class RunFold:
         self.limits = limits
         self._max_steps = limits.max_steps
         self._flush_bytes = limits.flush_bytes
+        self._flush_deltas = limits.flush_deltas
+        self._max_seq_jump = limits.max_seq_jump
         self.stale = 0
         self._pending = False
         self._tail: list[str] = []
         self._tail_chars = 0
         self._tail_bytes = 0
+        self._tail_deltas = 0
         self._delta_now = 0.0
         self._max_ts_str: str | None = None
         if state is None:
@@ -169,8 +190,10 @@ class RunFold:
 
     def push(self, event: wire.Event, now: float) -> Output | None:
         """Apply one event of this run; ``None`` if its ``seq`` was already applied.
-        ``now`` is the injected clock, used only by :meth:`flush_idle`. Raises
-        ``ValueError`` for an event of another run."""
+        ``now`` is the injected clock, used only by :meth:`flush_idle`.
+
+        Raises ``WireError`` (``seq_jump``, ``out_of_range``) for an event it cannot
+        apply, leaving the fold unchanged, and ``ValueError`` for an event of another run."""
         if event.run_id != self.run_id or event.company_id != self.company_id:
             raise ValueError(f"event of {event.company_id}/{event.run_id} pushed to {self.company_id}/{self.run_id}")
         seq = event.seq
@@ -178,11 +201,22 @@ class RunFold:
         if seq <= last:
             self.stale += 1
             return None
+        if seq - last > self._max_seq_jump:
+            raise WireError(
+                "seq_jump", f"`$.seq` is more than {self._max_seq_jump} past the run's last applied seq ({last})"
+            )
+        ts = event.ts
+        try:
+            outside = ts < TS_MIN or ts > TS_MAX
+        except TypeError:  # a naive ts (an event built in Python, never decoded): UTC, as format_ts takes it
+            outside = not in_window(ts)
+        if outside:
+            raise WireError("out_of_range", f"Expected a time {WINDOW} (in UTC) - at `$.ts`")
+        # Nothing below raises: every time it formats is in the window, and its sums saturate.
         self._last_seq = seq
         if seq != last + 1:
             self._run.seq_gaps += 1
             self._dirty = True
-        ts = event.ts
         latest = self._max_ts
         if type(event) is _ThinkingDelta:
             if latest is None or ts > latest:
@@ -191,12 +225,13 @@ class RunFold:
             if ordinal is None or ordinal >= self._max_steps:
                 return self._delta_start(event, now)
             return self._buffer(event.payload.text, now)
+        at = format_ts(ts)
         out = Output([], [], None, None, [], [])
         if self._th_ord is not None:
             self._flush_thinking(out, "close", close=True)
         if latest is None or ts > latest:
             self._see(ts)
-        _HANDLERS[type(event)](self, event, out)
+        _HANDLERS[type(event)](self, event, at, out)
         return self._finish(out)
 
     def flush_idle(self, now: float) -> Output | None:
@@ -294,7 +329,8 @@ class RunFold:
         return self._buffer(event.payload.text, now)
 
     def _buffer(self, text: str, now: float) -> Output:
-        """Add one delta's text to the tail; flush it whole once it reaches ``flush_bytes``."""
+        """Add one delta's text to the tail; flush it whole once it holds ``flush_bytes``
+        or ``flush_deltas`` deltas."""
         self._pending = True
         self._delta_now = now
         if not self._th_clipped:
@@ -305,7 +341,8 @@ class RunFold:
             n = _utf8_len(text)
         n += self._tail_bytes
         self._tail_bytes = n
-        if n >= self._flush_bytes:
+        deltas = self._tail_deltas = self._tail_deltas + 1
+        if n >= self._flush_bytes or deltas >= self._flush_deltas:
             out = Output([], [], None, None, [], [])
             self._flush_thinking(out, "size", close=False)
             return self._finish(out)
@@ -334,7 +371,7 @@ class RunFold:
                 out.deeps.append(deep)
                 self._th_chars = total
                 self._tail = []
-                self._tail_chars = self._tail_bytes = 0
+                self._tail_chars = self._tail_bytes = self._tail_deltas = 0
                 self._pending = False
             started = self._started_text()
             out.steps.append(
@@ -357,7 +394,7 @@ class RunFold:
         if rows.clipped is not None:
             out.clipped.append(rows.clipped)
 
-    def _opening(self, event: Any, out: Output) -> None:
+    def _opening(self, event: Any, at: str, out: Output) -> None:
         """A tool call, LLM request, state change or error: a new ordinal."""
         ordinal = self._alloc()
         if ordinal is None:
@@ -366,16 +403,16 @@ class RunFold:
             if self._open is None:
                 self._open = {}
             self._open[call_key(event)] = ordinal
-        self._emit(out, opening_rows(event, self.company_id, self.run_id, ordinal, format_ts(event.ts), self.limits))
+        self._emit(out, opening_rows(event, self.company_id, self.run_id, ordinal, at, self.limits))
 
-    def _result(self, event: Any, out: Output) -> None:
+    def _result(self, event: Any, at: str, out: Output) -> None:
         """A tool result or LLM response: completes its call's ordinal."""
         usage = getattr(event.payload, "usage", None)
         if usage is not None:
             run = self._run
-            run.input_tokens += usage.input_tokens
-            run.output_tokens += usage.output_tokens
-            run.reasoning_tokens += usage.reasoning_tokens
+            run.input_tokens = min(run.input_tokens + usage.input_tokens, MAX_TOKEN_TOTAL)
+            run.output_tokens = min(run.output_tokens + usage.output_tokens, MAX_TOKEN_TOTAL)
+            run.reasoning_tokens = min(run.reasoning_tokens + usage.reasoning_tokens, MAX_TOKEN_TOTAL)
             self._dirty = True
         ordinal = None if self._open is None else self._open.pop(call_key(event), None)
         matched = ordinal is not None
@@ -384,24 +421,23 @@ class RunFold:
                 return  # the result of a dropped call, or nothing to match in a truncated run
             ordinal = self._alloc()
             assert ordinal is not None
-        at = format_ts(event.ts)
         self._emit(out, result_rows(event, self.company_id, self.run_id, ordinal, at, self.limits, matched=matched))
 
-    def _run_start(self, event: wire.RunStart, out: Output) -> None:
+    def _run_start(self, event: wire.RunStart, at: str, out: Output) -> None:
         p = event.payload
         run = self._run
         run.agent_name = p.agent_name
         if p.environment is not None:
             run.environment = p.environment
-        run.started_at = format_ts(event.ts)
+        run.started_at = at
         self._dirty = True
 
-    def _run_end(self, event: wire.RunEnd, out: Output) -> None:
+    def _run_end(self, event: wire.RunEnd, at: str, out: Output) -> None:
         p = event.payload
         run = self._run
         run.status = p.status
         run.failure = None if p.failure is None else mask_credentials(p.failure)
-        run.ended_at = format_ts(event.ts)
+        run.ended_at = at
         self._dirty = True
 
 

@@ -7,6 +7,19 @@ tagged union on ``type``; every event shares the envelope fields of
 :func:`decode_event` is the one decoder: it returns an :data:`Event` or raises
 :class:`~stepstream.errors.WireError` whose ``reason`` names what was wrong
 (one of :data:`DECODE_REASONS`). It never raises anything else for any bytes.
+
+**Bounds.** Whatever decodes can be folded and stored, so the wire types bound
+what a fold or a store could not take (``docs/engine.md`` has the table):
+
+* ``seq`` is in [0, :data:`MAX_SEQ`] (2**53 - 1, exact in every JSON reader);
+* each ``usage`` count is in [0, :data:`MAX_TOKENS`] (10**12);
+* ``ts`` is in the window of :mod:`stepstream.core.timefmt`
+  (1970-01-01T00:00:00Z to 9999-12-30T00:00:00Z after conversion to UTC);
+
+any of these outside its range is ``out_of_range``. A message nesting arrays and
+objects more than :data:`MAX_NESTING` deep (the event object and its payload
+count) is ``too_deep``: deeper values would make encoding them later hit
+Python's recursion limit, at a depth that depends on the caller's stack.
 """
 
 from __future__ import annotations
@@ -16,23 +29,29 @@ from typing import Annotated, Any, Literal, Union
 
 import msgspec
 
+from stepstream.core.timefmt import TS_MAX, TS_MIN, WINDOW
 from stepstream.errors import WireError
 
 WIRE_VERSION = 1
+MAX_SEQ = 2**53 - 1
+MAX_TOKENS = 10**12
+MAX_NESTING = 100
 
 EventId = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
 CompanyId = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9._-]{1,64}$")]
 RunId = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9._:-]{1,128}$")]
-Seq = Annotated[int, msgspec.Meta(ge=0)]
-# RFC 3339 with an explicit offset; normalised to UTC by the engine.
+Seq = Annotated[int, msgspec.Meta(ge=0, le=MAX_SEQ)]
+TokenCount = Annotated[int, msgspec.Meta(ge=0, le=MAX_TOKENS)]
+# RFC 3339 with an explicit offset; normalised to UTC by the engine. The window
+# (timefmt.TS_MIN..TS_MAX) is checked by decode_event: msgspec.Meta bounds only numbers.
 Timestamp = Annotated[datetime, msgspec.Meta(tz=True)]
 CallId = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
 
 
 class Usage(msgspec.Struct, forbid_unknown_fields=False, omit_defaults=True):
-    input_tokens: Annotated[int, msgspec.Meta(ge=0)] = 0
-    output_tokens: Annotated[int, msgspec.Meta(ge=0)] = 0
-    reasoning_tokens: Annotated[int, msgspec.Meta(ge=0)] = 0
+    input_tokens: TokenCount = 0
+    output_tokens: TokenCount = 0
+    reasoning_tokens: TokenCount = 0
 
 
 class RunStartPayload(msgspec.Struct, omit_defaults=True):
@@ -147,7 +166,9 @@ Event = Union[
 EVENT_TYPES: tuple[type, ...] = Event.__args__  # type: ignore[attr-defined]
 EVENT_TYPE_NAMES: tuple[str, ...] = tuple(t.__struct_config__.tag for t in EVENT_TYPES)
 
-# Reasons a message is rejected; they name the dead-letter header and the metric label.
+# Reasons a message is rejected; they name the dead-letter header and the metric label
+# (docs/engine.md says when each applies). The first ones come from decode_event;
+# ``seq_jump`` from RunFold.push; ``bad_key`` and ``unfoldable`` from the worker.
 DECODE_REASONS = (
     "not_utf8",
     "not_json",
@@ -158,13 +179,30 @@ DECODE_REASONS = (
     "bad_id",
     "bad_version",
     "invalid_value",
+    "out_of_range",  # a number or time outside its bound (see the module docstring)
+    "too_deep",  # nested deeper than MAX_NESTING
     "oversize",
+    "seq_jump",  # seq more than Limits.max_seq_jump past the run's last applied seq
+    "bad_key",  # the Kafka key is not {company_id}/{run_id} of the decoded event
+    "unfoldable",  # the fold raised something other than a WireError
 )
 
 _decoder = msgspec.json.Decoder(Event)
 _encoder = msgspec.json.Encoder()
 
 _ID_FIELDS = ("`$.event_id`", "`$.company_id`", "`$.run_id`")
+_OUT_OF_RANGE = ("Expected `int` >=", "Expected `int` <=", "Number out of range")
+
+# The payload fields that hold arbitrary JSON: the only place a decoded event can nest
+# deeper than its own Structs. A unit test checks this against the payload annotations.
+JSON_FIELDS: dict[type, tuple[str, ...]] = {
+    RunStart: ("metadata",),
+    LlmRequest: ("input", "params"),
+    LlmResponse: ("output",),
+    ToolCall: ("arguments",),
+    ToolResult: ("output",),
+    StateChange: ("value",),
+}
 
 
 def _classify(exc: msgspec.ValidationError) -> str:
@@ -181,30 +219,72 @@ def _classify(exc: msgspec.ValidationError) -> str:
         msg.startswith("Expected `str` of length") and msg.endswith(_ID_FIELDS)
     ):
         return "bad_id"
+    if msg.startswith(_OUT_OF_RANGE):
+        return "out_of_range"
     if msg.startswith("Expected `") and ", got `" in msg:
         return "wrong_type"
     return "invalid_value"
+
+
+_NOT_OPENERS = bytes(b for b in range(256) if b not in b"[{")  # translate() deletes these
+
+
+def _openers(data: bytes | bytearray | memoryview | str) -> int:
+    """How many ``[`` and ``{`` the message holds (in strings too): no value in it can
+    nest deeper than that. One pass in C (``translate`` is faster than two ``count``)."""
+    if isinstance(data, str):
+        return data.count("[") + data.count("{")
+    if isinstance(data, memoryview):
+        data = data.tobytes()
+    return len(data.translate(None, _NOT_OPENERS))
+
+
+def _nests_deeper(data: bytes | bytearray | memoryview | str, event: Event, fields: tuple[str, ...]) -> bool:
+    """Whether ``event`` (decoded from ``data``) nests more than MAX_NESTING levels of
+    arrays and objects. The event object is level 1, its payload level 2."""
+    if _openers(data) <= MAX_NESTING:
+        return False  # the common case needs no walk
+    payload = event.payload
+    stack = [(value, 3) for value in (getattr(payload, name) for name in fields) if type(value) in (dict, list)]
+    while stack:
+        node, level = stack.pop()
+        for item in node.values() if type(node) is dict else node:
+            if type(item) is dict or type(item) is list:  # what msgspec decodes JSON containers to
+                if level >= MAX_NESTING:
+                    return True
+                stack.append((item, level + 1))
+    return False
 
 
 def decode_event(data: bytes | bytearray | memoryview | str, *, max_bytes: int | None = None) -> Event:
     """Decode one wire message into an :data:`Event`.
 
     Raises :class:`WireError` (never anything else) with ``reason`` one of
-    :data:`DECODE_REASONS` and a message naming the offending field.
+    :data:`DECODE_REASONS` and a message naming the offending field (never its value).
     ``max_bytes`` rejects larger messages as ``oversize`` before parsing.
+    An event this returns is inside every bound of the module docstring.
     """
     if max_bytes is not None and len(data) > max_bytes:
         raise WireError("oversize", f"message is {len(data)} bytes, limit {max_bytes}")
     try:
-        return _decoder.decode(data)
+        event: Event = _decoder.decode(data)
     except msgspec.ValidationError as exc:
         raise WireError(_classify(exc), str(exc)) from None
     except msgspec.DecodeError as exc:
         msg = str(exc)
         reason = "not_utf8" if "UTF-8" in msg else "not_json"
         raise WireError(reason, msg) from None
+    except RecursionError:
+        raise WireError("too_deep", f"nested more than {MAX_NESTING} levels of arrays and objects") from None
     except (UnicodeDecodeError, ValueError, TypeError) as exc:  # defensive: str input, odd buffers
         raise WireError("not_json", str(exc)) from None
+    ts = event.ts
+    if ts < TS_MIN or ts > TS_MAX:
+        raise WireError("out_of_range", f"Expected a time {WINDOW} (in UTC) - at `$.ts`")
+    fields = JSON_FIELDS.get(type(event))
+    if fields is not None and _nests_deeper(data, event, fields):
+        raise WireError("too_deep", f"nested more than {MAX_NESTING} levels of arrays and objects - at `$.payload`")
+    return event
 
 
 def encode_event(event: Event) -> bytes:
