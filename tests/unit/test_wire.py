@@ -192,6 +192,22 @@ def test_error_names_the_field():
     assert info.value.reason in wire.DECODE_REASONS
 
 
+@pytest.mark.parametrize(
+    ("over", "reason", "detail"),
+    [
+        ({"type": "run_end", "payload": {"status": "sk-CANARYCANARYCANARY"}}, "invalid_value",
+         "Invalid enum value - at `$.payload.status`"),
+        ({"type": "sk-CANARYCANARYCANARY"}, "unknown_type", "Invalid value - at `$.type`"),
+        ({"v": 7777777}, "bad_version", "Invalid enum value - at `$.v`"),
+    ],
+)  # fmt: skip
+def test_no_message_quotes_the_rejected_value(over, reason, detail):
+    with pytest.raises(WireError) as info:
+        wire.decode_event(json.dumps(_good(**over)).encode())
+    assert (info.value.reason, info.value.detail) == (reason, detail)
+    assert "CANARY" not in str(info.value) and "7777777" not in str(info.value)
+
+
 def test_oversize_is_rejected_before_parsing():
     data = json.dumps(_good()).encode()
     assert _reason_with_limit(data, len(data) - 1) == "oversize"

@@ -226,6 +226,16 @@ def _classify(exc: msgspec.ValidationError) -> str:
     return "invalid_value"
 
 
+def _without_value(msg: str) -> str:
+    """``msg`` without the rejected value msgspec quotes for an enum or a tag
+    (``Invalid enum value 'x' - at `$.v```): no message quotes one (CONTRACT.md section 2)."""
+    for kind in ("Invalid enum value ", "Invalid value "):
+        if msg.startswith(kind):
+            _, at, path = msg.rpartition(" - at `")
+            return kind.rstrip() + (at + path if at else "")
+    return msg
+
+
 _NOT_OPENERS = bytes(b for b in range(256) if b not in b"[{")  # translate() deletes these
 
 
@@ -269,7 +279,7 @@ def decode_event(data: bytes | bytearray | memoryview | str, *, max_bytes: int |
     try:
         event: Event = _decoder.decode(data)
     except msgspec.ValidationError as exc:
-        raise WireError(_classify(exc), str(exc)) from None
+        raise WireError(_classify(exc), _without_value(str(exc))) from None
     except msgspec.DecodeError as exc:
         msg = str(exc)
         reason = "not_utf8" if "UTF-8" in msg else "not_json"
