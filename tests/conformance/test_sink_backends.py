@@ -140,3 +140,65 @@ async def test_mongodb_purge_between_read_and_write_is_not_undone(monkeypatch: p
         await writer.close()
         await purger.close()
         await drop_database(url)
+
+
+def _fresh_mongo_url() -> str:
+    base = os.environ.get(MONGO_ENV)
+    if not base:
+        pytest.fail(f"{MONGO_ENV} is not set: run the suite via `make test`, which starts FerretDB")
+    return mongo_url(base, f"stepstream_test_{uuid.uuid4().hex[:16]}")
+
+
+async def test_mongodb_a_late_state_is_refused_even_after_the_read_passed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stale owner read the stored states before the new owner wrote further
+    (MongoDB has no transaction to hold them): its state write itself is refused."""
+    from stepstream.sinks.mongodb import MongoStepStore
+
+    url = _fresh_mongo_url()
+    new_owner, old_owner = await open_step_store(url), await open_step_store(url)
+    try:
+        assert await new_owner.write([step(0, label="new")], [run(step_count=10)], [state(last_seq=10)]) == []
+
+        async def read_before_the_new_owner_wrote(self: MongoStepStore, keys: list) -> dict:
+            return {}
+
+        monkeypatch.setattr(MongoStepStore, "_stored_last_seq", read_before_the_new_owner_wrote)
+        skipped = await old_owner.write([step(1, label="old")], [run(step_count=7)], [state(last_seq=7)])
+        assert skipped == [(COMPANY, "r1")]
+        assert (await new_owner.load_states(COMPANY, ["r1"]))["r1"] == state(last_seq=10)
+        # Still refused when the stored state is exactly as far (a replay that raced).
+        assert await old_owner.write([], [], [state(last_seq=10, next_ordinal=99)]) == [(COMPANY, "r1")]
+        assert (await new_owner.load_states(COMPANY, ["r1"]))["r1"] == state(last_seq=10)
+        # A state ahead still goes through the conditional write.
+        assert await old_owner.write([], [], [state(last_seq=11)]) == []
+        assert (await new_owner.load_states(COMPANY, ["r1"]))["r1"] == state(last_seq=11)
+    finally:
+        await new_owner.close()
+        await old_owner.close()
+        await drop_database(url)
+
+
+async def test_mongodb_reads_states_stored_before_last_seq_was_a_field() -> None:
+    from pymongo import AsyncMongoClient
+
+    from stepstream.sinks.mongodb import row_id
+
+    url = _fresh_mongo_url()
+    store = await open_step_store(url)
+    client: AsyncMongoClient = AsyncMongoClient(url)
+    try:
+        old = state(last_seq=10, open_calls={"tool:a": 1})
+        text = json.dumps({"company_id": COMPANY, "run_id": "r1", "last_seq": 10, "open_calls": {"tool:a": 1}})
+        document = {"_id": row_id(COMPANY, "r1"), "company_id": COMPANY, "run_id": "r1", "state": text}
+        await client.get_default_database()["run_state"].insert_one(document)
+        assert await store.load_states(COMPANY, ["r1"]) == {"r1": old}
+        assert await store.write([step(0, label="late")], [], [state(last_seq=9)]) == [(COMPANY, "r1")]
+        assert await store.get_steps(COMPANY, "r1") == []
+        assert await store.write([step(0, label="next")], [], [state(last_seq=11)]) == []
+        assert await store.load_states(COMPANY, ["r1"]) == {"r1": state(last_seq=11)}
+        doc = await client.get_default_database()["run_state"].find_one({"_id": row_id(COMPANY, "r1")})
+        assert doc["last_seq"] == 11
+    finally:
+        await client.close()
+        await store.close()
+        await drop_database(url)

@@ -75,20 +75,44 @@ async def test_positional_reasoning_merge(deep_store: DeepStore) -> None:
     assert (await rows(deep_store))[0].reasoning == "abcdef"
     await deep_store.write([chunk("ghi", 6), chunk("ghi", 6), chunk("jk", 9)])  # repeated inside one batch
     assert (await rows(deep_store))[0].reasoning == "abcdefghijk"
-    await deep_store.write([chunk("XY", 4)])  # a rewrite from character 4 drops the tail
-    assert (await rows(deep_store))[0].reasoning == "abcdXY"
+    await deep_store.write([chunk("XY", 4)])  # a chunk overwrites its own span, keeps the rest
+    assert (await rows(deep_store))[0].reasoning == "abcdXYghijk"
     await deep_store.write([deep(0, kind="thinking", output='"no reasoning in this write"')])  # None keeps
     got = (await rows(deep_store))[0]
-    assert (got.reasoning, got.reasoning_offset) == ("abcdXY", 0)
-    await deep_store.write([chunk("new", 0)])  # from the start: replaces all
-    assert (await rows(deep_store))[0].reasoning == "new"
+    assert (got.reasoning, got.reasoning_offset) == ("abcdXYghijk", 0)
+    await deep_store.write([chunk("new", 0)])  # from the start: its span only
+    assert (await rows(deep_store))[0].reasoning == "newdXYghijk"
+    await deep_store.write([chunk("lm", 20)])  # past the end: appends
+    assert (await rows(deep_store))[0].reasoning == "newdXYghijklm"
+
+
+async def test_a_stale_chunk_never_shortens_the_text(deep_store: DeepStore) -> None:
+    """A former owner writing late sends chunks the new owner already wrote, with
+    the same text (the fold is deterministic): the row must stay whole."""
+
+    def chunk(text: str, offset: int) -> object:
+        return deep(0, kind="thinking", reasoning=text, reasoning_offset=offset)
+
+    text = "0123456789" + UNICODE + "abcdefghij"
+    await deep_store.write([chunk(text[:10], 0), chunk(text[10:], 10)])
+    for stale in ([chunk(text[:10], 0)], [chunk(text[10:14], 10)], [chunk(text[:4], 0), chunk(text[4:9], 4)]):
+        await deep_store.write(stale)
+        assert (await rows(deep_store))[0].reasoning == text
+    # A chunk inside the text that differs overwrites exactly its span.
+    await deep_store.write([chunk("XY", 3)])
+    assert (await rows(deep_store))[0].reasoning == text[:3] + "XY" + text[5:]
+    # Replays stay idempotent, also across the end of the text.
+    end = len(text)
+    for _ in range(2):
+        await deep_store.write([chunk("tail!", end - 2)])
+    assert (await rows(deep_store))[0].reasoning == text[:3] + "XY" + text[5 : end - 2] + "tail!"
 
 
 async def test_positional_reasoning_counts_characters_not_bytes(deep_store: DeepStore) -> None:
     head = "é\U0001f600\x00\U0010ffff日"  # 2-, 4-, 1-, 4- and 3-byte characters
     await deep_store.write([deep(0, kind="thinking", reasoning=head + "tail")])
     await deep_store.write([deep(0, kind="thinking", reasoning="\U0001f9e0!", reasoning_offset=len(head))])
-    assert (await rows(deep_store))[0].reasoning == head + "\U0001f9e0!"
+    assert (await rows(deep_store))[0].reasoning == head + "\U0001f9e0!" + "il"  # its span only
 
 
 async def test_a_first_write_at_an_offset_stores_its_chunk(deep_store: DeepStore) -> None:
@@ -157,6 +181,8 @@ async def test_writing_a_batch_twice_changes_nothing(deep_store: DeepStore) -> N
     await deep_store.write(batch)
     assert await rows(deep_store) == first
     assert first[0].reasoning == "abcdef"
+    await deep_store.write(batch[:1])  # the first chunk alone, late: the text stays whole
+    assert await rows(deep_store) == first
 
 
 async def test_the_port_clips_to_the_limits_it_was_opened_with(store_url: str) -> None:

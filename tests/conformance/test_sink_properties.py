@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import itertools
 
+import msgspec
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from stepstream.core.merge import can_merge_deep, merge_deep
 from stepstream.core.records import DeepRecord, RunRecord, RunState, StepRecord
 from stepstream.sinks import DeepStore, StepStore
 from stepstream.sinks.memory import MemoryDeepStore, MemoryStepStore
@@ -93,8 +95,6 @@ def _company() -> str:
 
 
 def _own(records: list, company: str) -> list:
-    import msgspec
-
     return [msgspec.structs.replace(r, company_id=company) for r in records]
 
 
@@ -139,3 +139,77 @@ async def test_step_writes_match_the_reference(
         assert await step_store.list_runs(company, before=page.next_cursor) == await reference.list_runs(
             company, before=page.next_cursor
         )
+
+
+@st.composite
+def step_batches(draw: st.DrawFn) -> tuple[list[StepRecord], list[RunRecord], list[RunState]]:
+    """A step batch as the worker writes it, with states whose ``last_seq`` may be
+    behind, equal to or ahead of what is stored (a late former owner, a replay)."""
+    steps = draw(st.lists(step_writes(), max_size=4))
+    run_records = draw(st.lists(run_writes(), max_size=2))
+    states = [
+        RunState(company_id="", run_id=run_id, last_seq=seq, next_ordinal=seq + 1)
+        for run_id, seq in draw(st.lists(st.tuples(runs, st.integers(0, 5)), max_size=3))
+    ]
+    return steps, run_records, states
+
+
+@PROPERTY_SETTINGS
+@given(st.lists(step_batches(), min_size=1, max_size=6))
+async def test_stale_runs_match_the_reference(
+    step_store: StepStore, batches_: list[tuple[list[StepRecord], list[RunRecord], list[RunState]]]
+) -> None:
+    company = _company()
+    reference = MemoryStepStore()
+    for steps, run_records, states in batches_:
+        batch = (_own(steps, company), _own(run_records, company), _own(states, company))
+        assert await step_store.write(*batch) == await reference.write(*batch)
+    for run_id in ("r1", "r2"):
+        assert await step_store.get_steps(company, run_id) == await reference.get_steps(company, run_id)
+        assert await step_store.get_run(company, run_id) == await reference.get_run(company, run_id)
+    assert await step_store.load_states(company, ["r1", "r2"]) == await reference.load_states(company, ["r1", "r2"])
+
+
+@st.composite
+def chunk_pairs(draw: st.DrawFn) -> tuple[str, DeepRecord, DeepRecord]:
+    """A stored text and two reasoning writes the worker might coalesce: the second
+    starting within or right after the first (``can_merge_deep``), both within the
+    stored text or at its end (the engine never leaves a gap)."""
+    stored = draw(text)
+    first_at = draw(st.integers(0, len(stored)))
+    first = draw(text)
+    second_at = first_at + draw(st.integers(0, len(first)))
+
+    def chunk(body: str, at: int, n: int) -> DeepRecord:
+        return DeepRecord(
+            company_id="",
+            run_id="r1",
+            step_seq=0,
+            kind="thinking",
+            ts=f"2025-01-01T00:00:0{n}.000000Z",
+            reasoning=body,
+            reasoning_offset=at,
+        )
+
+    return stored, chunk(first, first_at, 1), chunk(draw(text), second_at, 2)
+
+
+@PROPERTY_SETTINGS
+@given(chunk_pairs())
+async def test_coalesced_chunks_match_separate_writes(
+    deep_store: DeepStore, pair: tuple[str, DeepRecord, DeepRecord]
+) -> None:
+    """``core.merge`` coalesces a batch's chunks of one row; writing the coalesced
+    chunk must leave what writing both in order leaves, on every backend."""
+    stored, first, second = pair
+    assert can_merge_deep(first, second)
+    apart, joined = _company(), _company()
+    base = msgspec.structs.replace(first, reasoning=stored, reasoning_offset=0)
+    for company in (apart, joined):
+        await deep_store.write(_own([base], company))
+    await deep_store.write(_own([first, second], apart))
+    await deep_store.write(_own([merge_deep(first, second)], joined))
+    separate, coalesced = await deep_store.get_deep(apart, "r1"), await deep_store.get_deep(joined, "r1")
+    assert [msgspec.structs.replace(d, company_id="") for d in separate] == [
+        msgspec.structs.replace(d, company_id="") for d in coalesced
+    ]

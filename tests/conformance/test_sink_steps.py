@@ -6,7 +6,7 @@ import pytest
 
 from stepstream.sinks import InvalidCursor, StepStore
 
-from sink_support import COMPANY, UNICODE, run, state, step, ts
+from sink_support import COMPANY, OTHER, UNICODE, run, state, step, ts
 
 
 async def test_unknown_run_reads_empty(step_store: StepStore) -> None:
@@ -146,13 +146,14 @@ async def test_writing_a_batch_twice_changes_nothing(step_store: StepStore) -> N
         [run(step_count=2)],
         [state(last_seq=5)],
     )
-    await step_store.write(*batch)
+    assert await step_store.write(*batch) == []
     first = (
         await step_store.get_steps(COMPANY, "r1"),
         await step_store.get_run(COMPANY, "r1"),
         await step_store.load_states(COMPANY, ["r1"]),
     )
-    await step_store.write(*batch)
+    # Replayed after it landed: the run already holds this last_seq, so it is skipped.
+    assert await step_store.write(*batch) == [(COMPANY, "r1")]
     assert (
         await step_store.get_steps(COMPANY, "r1"),
         await step_store.get_run(COMPANY, "r1"),
@@ -210,3 +211,68 @@ async def test_a_bad_cursor_or_limit_is_refused(step_store: StepStore) -> None:
 async def test_an_empty_write_is_a_no_op(step_store: StepStore) -> None:
     await step_store.write([], [], [])
     assert await step_store.list_runs(COMPANY) == []
+
+
+async def test_a_late_batch_never_moves_a_run_backwards(step_store: StepStore) -> None:
+    """A former partition owner, paused past its session timeout, writes a batch
+    after the new owner wrote further: every row of that run in it is skipped."""
+    newer = (
+        [step(0, label="ls", status="ok", ended_at=ts(3)), step(1, label="cat", status="running")],
+        [run(step_count=2, last_event_at=ts(3))],
+        [state(last_seq=10, next_ordinal=2)],
+    )
+    assert await step_store.write(*newer) == []
+    late = (
+        [
+            step(0, label="ls", status="running"),  # older than what is stored
+            step(2, label="never happened"),  # a row the new owner has not written
+            step(0, "r2", label="first of r2"),  # a run with no stored state: written
+            step(0, "r3", label="no state in the batch"),  # no state at all: written
+        ],
+        [run(step_count=1, last_event_at=ts(1)), run("r2", step_count=1), run("r3", step_count=1)],
+        [state(last_seq=7, next_ordinal=1), state("r2", last_seq=0, next_ordinal=1)],
+    )
+    assert await step_store.write(*late) == [(COMPANY, "r1")]
+    assert await step_store.get_steps(COMPANY, "r1") == newer[0]
+    assert await step_store.get_run(COMPANY, "r1") == newer[1][0]
+    assert await step_store.load_states(COMPANY, ["r1", "r2"]) == {"r1": newer[2][0], "r2": late[2][1]}
+    assert await step_store.get_steps(COMPANY, "r2") == [step(0, "r2", label="first of r2")]
+    assert await step_store.get_steps(COMPANY, "r3") == [step(0, "r3", label="no state in the batch")]
+    assert await step_store.get_run(COMPANY, "r3") == run("r3", step_count=1)
+    # The same last_seq again is not ahead either; a later one is written.
+    assert await step_store.write([step(2, label="x")], [], [state(last_seq=10)]) == [(COMPANY, "r1")]
+    assert await step_store.write([step(2, label="next")], [run(step_count=3)], [state(last_seq=11)]) == []
+    assert (await step_store.get_steps(COMPANY, "r1"))[2] == step(2, label="next")
+    assert (await step_store.load_states(COMPANY, ["r1"]))["r1"].last_seq == 11
+
+
+async def test_a_run_is_judged_by_its_last_state_in_the_batch(step_store: StepStore) -> None:
+    await step_store.write([], [], [state(last_seq=5)])
+    # Two states of r1 in one batch: the last one (6) decides, and it is ahead.
+    assert await step_store.write([step(0)], [], [state(last_seq=3), state(last_seq=6)]) == []
+    assert (await step_store.load_states(COMPANY, ["r1"]))["r1"].last_seq == 6
+    assert await step_store.write([step(1)], [], [state(last_seq=9), state(last_seq=4)]) == [(COMPANY, "r1")]
+    assert [s.step_seq for s in await step_store.get_steps(COMPANY, "r1")] == [0]
+
+
+async def test_the_stale_check_is_per_company(step_store: StepStore) -> None:
+    await step_store.write([step(0, label="acme")], [], [state(last_seq=10)])
+    # Another company's run of the same id is its own run: nothing stored for it yet.
+    assert await step_store.write([step(0, company=OTHER, label="globex")], [], [state(company=OTHER, last_seq=1)]) == []
+    assert await step_store.write([step(0, label="late")], [], [state(last_seq=2)]) == [(COMPANY, "r1")]
+    assert [s.label for s in await step_store.get_steps(OTHER, "r1")] == ["globex"]
+    assert [s.label for s in await step_store.get_steps(COMPANY, "r1")] == ["acme"]
+
+
+async def test_many_runs_in_one_batch_are_judged_one_by_one(step_store: StepStore) -> None:
+    # More runs than one lookup statement takes (SQLite reads stored states in chunks).
+    count = 600
+    await step_store.write([], [], [state(f"r{i}", last_seq=10) for i in range(0, count, 2)])
+    skipped = await step_store.write(
+        [step(0, f"r{i}") for i in range(count)], [], [state(f"r{i}", last_seq=5) for i in range(count)]
+    )
+    assert skipped == [(COMPANY, f"r{i}") for i in range(0, count, 2)]
+    stored = await step_store.load_states(COMPANY, [f"r{i}" for i in range(count)])
+    assert {r: s.last_seq for r, s in stored.items()} == {f"r{i}": 10 if i % 2 == 0 else 5 for i in range(count)}
+    assert await step_store.get_steps(COMPANY, "r1") == [step(0, "r1")]
+    assert await step_store.get_steps(COMPANY, "r0") == []

@@ -1,6 +1,7 @@
 """The write semantics of ``core.records`` as pure functions: what a store holds
-after a write. The memory sink, the file sink's reader and the pipeline's batch
-coalescing all use these, so there is one definition of "replace on key".
+after a write. The memory sink, the file sink's reader, the SQLite sink's splice
+function and the pipeline's batch coalescing all use these, so there is one
+definition of "replace on key" and of the positional reasoning rule.
 """
 
 from __future__ import annotations
@@ -10,6 +11,20 @@ import msgspec
 from stepstream.core.records import DeepRecord, StepRecord
 
 _STEP_FIELDS = tuple(f for f in StepRecord.__struct_fields__ if f not in ("company_id", "run_id", "step_seq"))
+
+
+def apply_reasoning(stored: str | None, offset: int, written: str | None) -> str | None:
+    """The positional reasoning rule: ``written`` overwrites its own span of the
+    stored text, ``stored[:offset] + written + stored[offset + len(written):]``.
+
+    A chunk never shortens the text (a late, stale chunk rewrites characters that
+    are already there, with the same text when the writer is deterministic); an
+    offset past the stored end appends (Python slicing); ``None`` keeps."""
+    if written is None:
+        return stored
+    if not stored:
+        return written
+    return stored[:offset] + written + stored[offset + len(written) :]
 
 
 def merge_step(stored: StepRecord | None, written: StepRecord) -> StepRecord:
@@ -25,9 +40,12 @@ def merge_step(stored: StepRecord | None, written: StepRecord) -> StepRecord:
 
 
 def merge_deep(stored: DeepRecord | None, written: DeepRecord) -> DeepRecord:
-    """``None`` bodies keep, ``clipped`` is sticky, ``reasoning`` is positional:
-    the result holds ``stored[:written.reasoning_offset] + written.reasoning``.
-    The result always has ``reasoning_offset`` 0 when ``stored`` starts at 0."""
+    """Coalesce two writes of one row into one: ``None`` bodies keep, ``clipped``
+    is sticky, ``ts`` the latest, ``reasoning`` follows :func:`apply_reasoning`
+    relative to ``stored.reasoning_offset``. When :func:`can_merge_deep` holds,
+    writing the result equals writing ``stored`` then ``written`` on any row
+    whose text reaches ``stored.reasoning_offset``; otherwise the written chunk
+    starts a new window (characters would be lost, so callers check first)."""
     if stored is None:
         return written
     reasoning = stored.reasoning
@@ -39,7 +57,7 @@ def merge_deep(stored: DeepRecord | None, written: DeepRecord) -> DeepRecord:
             # Not adjacent to what is stored: the written chunk starts a new window.
             reasoning, offset = written.reasoning, written.reasoning_offset
         else:
-            reasoning = head[:cut] + written.reasoning
+            reasoning = apply_reasoning(head, cut, written.reasoning)
     return msgspec.structs.replace(
         stored,
         kind=written.kind,

@@ -19,9 +19,11 @@ merge differently:
 * ``DeepRecord.clipped`` is sticky: stored ``clipped = stored or written``.
 * ``DeepRecord.ts`` keeps the latest: stored ``ts = max(stored, written)``.
 * ``DeepRecord.reasoning`` is positional: a write carries the text *from
-  character* ``reasoning_offset`` on, so the stored text becomes
-  ``stored[:reasoning_offset] + written``. Writing the same chunk twice gives
-  the same row, which is what makes a replay after a crash converge.
+  character* ``reasoning_offset`` on and overwrites its own span, so the stored
+  text becomes ``stored[:offset] + written + stored[offset + len(written):]``
+  (``core.merge.apply_reasoning``). Writing the same chunk twice gives the same
+  row, which is what makes a replay after a crash converge, and a late (stale)
+  chunk never shortens the text.
 
 Timestamps are RFC 3339 strings in UTC with a ``Z`` suffix and microseconds,
 so they sort as text in every backend.

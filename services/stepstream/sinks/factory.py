@@ -2,20 +2,27 @@
 
 =========================  ==========================================================
 ``memory://[name]``        in-process dicts; every open is fresh and private
-``file:///dir``            JSON lines in ``dir`` (``file://rel/dir`` is relative)
-``sqlite:///path.db``      SQLite via aiosqlite (``sqlite:////abs/path.db``), default
+``file:///dir``            JSON lines in ``dir`` (``file://rel/dir`` is relative);
+                           option ``fsync=false`` (default ``true``)
+``sqlite:///path.db``      SQLite via aiosqlite (``sqlite:////abs/path.db``), default;
+                           options ``synchronous=full|normal`` (default ``full``),
+                           ``busy_timeout_ms=N`` (default 30000)
 ``mongodb://host:port/db`` MongoDB or FerretDB via pymongo (extra ``[mongodb]``);
-                           ``mongodb+srv://`` too
+                           ``mongodb+srv://`` too; options are pymongo's (``w``,
+                           ``journal`` override the default ``w=majority, j=true``)
 =========================  ==========================================================
 
 Backends are imported only when their scheme is used, so the optional MongoDB
 driver is needed only by ``mongodb://`` URLs (a :class:`ConfigError` says what
-to install). Any other scheme is a :class:`ConfigError`.
+to install). Any other scheme, an unknown option of a file or SQLite URL, or an
+option value that cannot work is a :class:`ConfigError`.
 """
 
 from __future__ import annotations
 
-from urllib.parse import unquote
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import parse_qsl, unquote
 
 from stepstream.core.fold import Limits
 from stepstream.errors import ConfigError
@@ -40,6 +47,55 @@ def _file_path(url: str) -> str:
     return path
 
 
+def _flag(name: str, value: str) -> bool:
+    lowered = value.lower()
+    if lowered in ("true", "1", "yes", "on"):
+        return True
+    if lowered in ("false", "0", "no", "off"):
+        return False
+    raise ConfigError(f"sink URL option {name}={value!r}: use true or false")
+
+
+def _synchronous(name: str, value: str) -> str:
+    if value.lower() not in ("full", "normal"):
+        raise ConfigError(f"sink URL option {name}={value!r}: use full (the default) or normal")
+    return value.upper()
+
+
+def _milliseconds(name: str, value: str) -> int:
+    if not value.isdigit():
+        raise ConfigError(f"sink URL option {name}={value!r}: use a whole number of milliseconds")
+    return int(value)
+
+
+FILE_OPTIONS: dict[str, Callable[[str, str], Any]] = {"fsync": _flag}
+SQLITE_OPTIONS: dict[str, Callable[[str, str], Any]] = {
+    "synchronous": _synchronous,
+    "busy_timeout_ms": _milliseconds,
+}
+
+
+def url_options(url: str, known: dict[str, Callable[[str, str], Any]]) -> dict[str, Any]:
+    """The query options of ``url``, converted; an option not in ``known`` (or given
+    twice) is a :class:`ConfigError` naming it, so a typo never silently weakens
+    durability."""
+    query = url.partition("://")[2].partition("?")[2]
+    try:
+        pairs = parse_qsl(query, keep_blank_values=True, strict_parsing=bool(query))
+    except ValueError as exc:
+        raise ConfigError(f"sink URL query {query!r} is malformed: {exc}") from None
+    names = [name for name, _ in pairs]
+    unknown = sorted({n for n in names if n not in known})
+    if unknown:
+        raise ConfigError(
+            f"unknown sink URL option(s) {', '.join(unknown)} in {url!r}; known: {', '.join(known) or 'none'}"
+        )
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise ConfigError(f"sink URL option(s) {', '.join(repeated)} given more than once in {url!r}")
+    return {name: known[name](name, value) for name, value in pairs}
+
+
 async def open_step_store(url: str) -> StepStore:
     """The step store (steps, run records, run states) at ``url``, opened and ready."""
     scheme = _scheme(url)
@@ -50,11 +106,12 @@ async def open_step_store(url: str) -> StepStore:
     if scheme == "file":
         from stepstream.sinks.files import FileStepStore, open_directory
 
-        return FileStepStore(open_directory(_file_path(url)))
+        options = url_options(url, FILE_OPTIONS)
+        return FileStepStore(open_directory(_file_path(url), **options), **options)
     if scheme == "sqlite":
         from stepstream.sinks.sqlite import SqliteStepStore, sqlite_path
 
-        return await SqliteStepStore(sqlite_path(url)).open()
+        return await SqliteStepStore(sqlite_path(url), **url_options(url, SQLITE_OPTIONS)).open()
     from stepstream.sinks.mongodb import MongoStepStore
 
     return await MongoStepStore(url).open()
@@ -71,11 +128,12 @@ async def open_deep_store(url: str, *, limits: Limits | None = None) -> DeepStor
     if scheme == "file":
         from stepstream.sinks.files import FileDeepStore, open_directory
 
-        return FileDeepStore(open_directory(_file_path(url)), limits)
+        options = url_options(url, FILE_OPTIONS)
+        return FileDeepStore(open_directory(_file_path(url), **options), limits, **options)
     if scheme == "sqlite":
         from stepstream.sinks.sqlite import SqliteDeepStore, sqlite_path
 
-        return await SqliteDeepStore(sqlite_path(url), limits).open()
+        return await SqliteDeepStore(sqlite_path(url), limits, **url_options(url, SQLITE_OPTIONS)).open()
     from stepstream.sinks.mongodb import MongoDeepStore
 
     return await MongoDeepStore(url, limits).open()

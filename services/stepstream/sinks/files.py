@@ -13,6 +13,9 @@ A line is the msgspec JSON of one *write*, not of a row: a reader folds the line
 in order with the port's merge (field by field, sticky ``clipped``, positional
 reasoning), so the last write wins per key. A step-store batch appends its steps,
 then its runs, then its states, so a crash never leaves a state ahead of its rows.
+Under the same lock it first folds ``run-state.jsonl`` to its end and drops the
+runs whose stored state is not behind the batch's (``semantics.admit``), so the
+check and the append are one step for every writer of the directory.
 
 **Many processes.** Writers take an exclusive ``flock`` on the lock file, append
 the whole batch with one ``write``, and close; if the file does not end in a
@@ -26,20 +29,38 @@ the lock (temporary file, fsync, atomic ``os.replace``), so the bodies are gone
 from the file, not just hidden. A reader notices the new file by its inode and
 reloads it.
 
-Durability is the page cache (flush, no fsync per batch): a killed process loses
-nothing it wrote, a power cut may lose the tail. Every read refolds only what
-was appended since the last read, but the whole folded store lives in memory:
-this backend is for tests, backfills and small single-host installs.
+**Durability.** By default every write batch ends with an ``fsync`` of each
+file it appended to (and of the directory when it created a file, and after a
+rewrite's rename), before the lock is released: a batch that returned survives
+a power cut. ``file:///dir?fsync=false`` leaves it to the page cache (a killed
+process still loses nothing it wrote; a power cut may lose the last batches).
+``durability`` is ``"fsync"`` or ``"no fsync"``.
+
+**Errors.** An ``OSError`` becomes :class:`SinkUnavailable` (retriable) for a
+full disk or quota (``ENOSPC``, ``EDQUOT``): space can be freed (retention frees
+it), a retry appends the batch again after any torn tail (writes are
+idempotent), and a file whose append or sync failed is synced again by the next
+write. Any other ``OSError`` is a plain :class:`SinkError`: permissions, a
+read-only file system, a missing directory, and ``EIO``, since after a failed
+``fsync`` the kernel may have dropped the unsynced pages while readers still see
+them, so no retry can be trusted to make the batch durable. A record that
+cannot be encoded (a lone surrogate in a string) is a ``SinkError`` naming the
+file, raised before anything is appended.
+
+Every read refolds only what was appended since the last read, but the whole
+folded store lives in memory: this backend is for tests, backfills and small
+single-host installs.
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import fcntl
 import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager, suppress
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
@@ -47,9 +68,11 @@ import msgspec
 
 from stepstream.core.fold import Limits
 from stepstream.core.records import DeepRecord, RunRecord, RunState, StepRecord
-from stepstream.errors import SinkError
+from stepstream.errors import SinkError, SinkUnavailable
 from stepstream.sinks.ports import Capabilities, RunsPage
 from stepstream.sinks.semantics import (
+    RunKey,
+    admit,
     apply_deep,
     check_keep,
     check_limit,
@@ -59,9 +82,11 @@ from stepstream.sinks.semantics import (
     newest_first,
     page,
     run_sort_key,
+    state_keys,
+    unstorable,
 )
 
-CAPABILITIES = Capabilities(atomic_batch=False, shared_storage=True)
+CAPABILITIES = Capabilities(atomic_batch=False, shared_storage=True, monotonic_states=True)
 
 STEPS_FILE = "run-steps.jsonl"
 RUNS_FILE = "runs.jsonl"
@@ -69,7 +94,9 @@ STATES_FILE = "run-state.jsonl"
 DEEP_FILE = "deep-trace.jsonl"
 
 T = TypeVar("T")
-RunKey = tuple[str, str]
+
+# Worth a retry: space can be freed. Not EIO: see the module doc.
+RETRIABLE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 
 _encoder = msgspec.json.Encoder()
 
@@ -150,11 +177,22 @@ def _fold_deep(rows: dict[RunKey, Any], deep: DeepRecord) -> None:
     run[deep.step_seq] = apply_deep(run.get(deep.step_seq), deep)
 
 
+def fsync_directory(path: Path) -> None:
+    """Make the directory's entries (a created or renamed file) durable."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 class _Directory:
     """The lock file and the append primitive shared by both file stores."""
 
-    def __init__(self, root: Path, lock_name: str) -> None:
+    def __init__(self, root: Path, lock_name: str, fsync: bool) -> None:
         self.root = root
+        self.fsync = fsync
+        self._unsynced: set[str] = set()  # file names appended to but not yet synced
         self._lock_path = root / lock_name
         self.mutex = threading.Lock()  # this instance's threads; flock covers the rest
 
@@ -167,20 +205,46 @@ class _Directory:
             finally:
                 fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
 
-    def append(self, name: str, data: bytes) -> None:
-        with open(self.root / name, "a+b") as f:
-            size = os.fstat(f.fileno()).st_size
-            if size and os.pread(f.fileno(), 1, size - 1) != b"\n":
-                data = b"\n" + data  # a writer died mid-line: never glue onto its tail
-            f.write(data)
+    def append(self, writes: Sequence[tuple[str, bytes]]) -> None:
+        """Append each ``(file name, lines)`` in order; with ``fsync``, every file
+        written (and the directory, if a file was created) is synced before this
+        returns. Call under :meth:`locked`.
+
+        A file whose append or sync failed stays *unsynced* and is synced again by
+        the next call, also one with nothing to write: the retry of a batch whose
+        lines landed but did not sync finds its state stored and skips the run,
+        and must still leave the lines on disk."""
+        created = False
+        self._unsynced.update(name for name, _ in writes)
+        with ExitStack() as files:
+            for name, data in writes:
+                path = self.root / name
+                created = created or not path.exists()
+                f = files.enter_context(open(path, "a+b"))
+                size = os.fstat(f.fileno()).st_size
+                if size and os.pread(f.fileno(), 1, size - 1) != b"\n":
+                    data = b"\n" + data  # a writer died mid-line: never glue onto its tail
+                f.write(data)
+                f.flush()
+            if self.fsync:
+                for name in sorted(self._unsynced):
+                    with suppress(FileNotFoundError), open(self.root / name, "rb") as f:
+                        os.fsync(f.fileno())
+                if created:
+                    fsync_directory(self.root)
+        self._unsynced.clear()
 
 
-def _lines(records: Sequence[Any]) -> bytes:
-    return _encoder.encode_lines(records)
+def _lines(name: str, records: Sequence[Any]) -> bytes:
+    try:
+        return _encoder.encode_lines(records)
+    except (ValueError, TypeError, OverflowError) as exc:  # UnicodeEncodeError is a ValueError
+        raise unstorable("file", name, exc) from None
 
 
 def _as_sink_error(exc: OSError) -> SinkError:
-    return SinkError(f"file sink: {exc}")
+    kind = SinkUnavailable if exc.errno in RETRIABLE_ERRNOS else SinkError
+    return kind(f"file sink: {exc}")
 
 
 class FileStepStore:
@@ -188,8 +252,9 @@ class FileStepStore:
 
     capabilities = CAPABILITIES
 
-    def __init__(self, root: Path) -> None:
-        self._dir = _Directory(root, "run-steps.lock")
+    def __init__(self, root: Path, *, fsync: bool = True) -> None:
+        self._dir = _Directory(root, "run-steps.lock", fsync)
+        self.durability = _durability(fsync)
         self._steps = _Folded(root / STEPS_FILE, StepRecord, _fold_step)
         self._runs = _Folded(root / RUNS_FILE, RunRecord, _fold_whole)
         self._states = _Folded(root / STATES_FILE, RunState, _fold_whole)
@@ -199,18 +264,31 @@ class FileStepStore:
         steps: Sequence[StepRecord],
         runs: Sequence[RunRecord] = (),
         states: Sequence[RunState] = (),
-    ) -> None:
-        batches = [
-            (name, _lines(rs)) for name, rs in ((STEPS_FILE, steps), (RUNS_FILE, runs), (STATES_FILE, states)) if rs
-        ]
-        if batches:
-            await asyncio.to_thread(self._append, batches)
+    ) -> list[RunKey]:
+        if not (steps or runs or states):
+            return []
+        return await asyncio.to_thread(self._append, steps, runs, states)
 
-    def _append(self, batches: list[tuple[str, bytes]]) -> None:
+    def _append(
+        self, steps: Sequence[StepRecord], runs: Sequence[RunRecord], states: Sequence[RunState]
+    ) -> list[RunKey]:
         try:
             with self._dir.mutex, self._dir.locked():
-                for name, data in batches:  # steps, runs, then states: states last
-                    self._dir.append(name, data)
+                self._states.refresh()
+                stored = self._states.rows
+                batch = admit(steps, runs, states, {k: stored[k].last_seq for k in state_keys(states) if k in stored})
+                # Every file's lines are encoded before the first byte is appended.
+                writes = [  # steps, runs, then states: states last
+                    (name, _lines(name, records))
+                    for name, records in (
+                        (STEPS_FILE, batch.steps),
+                        (RUNS_FILE, batch.runs),
+                        (STATES_FILE, batch.states),
+                    )
+                    if records
+                ]
+                self._dir.append(writes)
+                return batch.skipped
         except OSError as exc:
             raise _as_sink_error(exc) from exc
 
@@ -263,8 +341,9 @@ class FileDeepStore:
 
     capabilities = CAPABILITIES
 
-    def __init__(self, root: Path, limits: Limits | None = None) -> None:
-        self._dir = _Directory(root, "deep-trace.lock")
+    def __init__(self, root: Path, limits: Limits | None = None, *, fsync: bool = True) -> None:
+        self._dir = _Directory(root, "deep-trace.lock", fsync)
+        self.durability = _durability(fsync)
         self._deep = _Folded(root / DEEP_FILE, DeepRecord, _fold_deep)
         self._limits = limits
 
@@ -275,13 +354,13 @@ class FileDeepStore:
 
     async def write(self, deeps: Sequence[DeepRecord]) -> None:
         if deeps:
-            data = _lines(clip_batch(deeps, self._limits))
+            data = _lines(DEEP_FILE, clip_batch(deeps, self._limits))
             await asyncio.to_thread(self._append, data)
 
     def _append(self, data: bytes) -> None:
         try:
             with self._dir.mutex, self._dir.locked():
-                self._dir.append(DEEP_FILE, data)
+                self._dir.append([(DEEP_FILE, data)])
         except OSError as exc:
             raise _as_sink_error(exc) from exc
 
@@ -355,6 +434,8 @@ class FileDeepStore:
             dst.flush()
             os.fsync(dst.fileno())
         os.replace(tmp, path)
+        if self._dir.fsync:
+            fsync_directory(self._dir.root)
 
     async def close(self) -> None:
         with self._dir.mutex:
@@ -365,10 +446,18 @@ def _deep_runs(rows: dict[RunKey, dict[int, DeepRecord]], company_id: str) -> li
     return newest_first({r: max(d.ts for d in run.values()) for (c, r), run in rows.items() if c == company_id and run})
 
 
-def open_directory(path: str) -> Path:
+def _durability(fsync: bool) -> str:
+    return "fsync" if fsync else "no fsync"
+
+
+def open_directory(path: str, *, fsync: bool = True) -> Path:
+    """The store directory, created if missing (durably, with ``fsync``)."""
     root = Path(path)
     try:
-        root.mkdir(parents=True, exist_ok=True)
+        if not root.is_dir():
+            root.mkdir(parents=True, exist_ok=True)
+            if fsync:
+                fsync_directory(root.resolve().parent)
     except OSError as exc:
-        raise SinkError(f"file sink: cannot create {root}: {exc}") from exc
+        raise _as_sink_error(exc) from exc
     return root

@@ -4,6 +4,7 @@ Plain dicts in one process; nothing survives :meth:`close`. Each open is a fresh
 private store (``memory://anything`` names nothing shared), so two opens never
 see each other's writes: ``capabilities.shared_storage`` is ``False``.
 Every other backend is held to what this one does by the conformance suite.
+Durability: none (``durability`` is ``"none"``).
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from stepstream.core.fold import Limits
 from stepstream.core.records import DeepRecord, RunRecord, RunState, StepRecord
 from stepstream.sinks.ports import Capabilities, RunsPage
 from stepstream.sinks.semantics import (
+    RunKey,
+    admit,
     apply_deep,
     check_keep,
     check_limit,
@@ -23,17 +26,18 @@ from stepstream.sinks.semantics import (
     newest_first,
     page,
     run_sort_key,
+    state_keys,
 )
 
-CAPABILITIES = Capabilities(atomic_batch=True, shared_storage=False)
-
-RunKey = tuple[str, str]
+CAPABILITIES = Capabilities(atomic_batch=True, shared_storage=False, monotonic_states=True)
+DURABILITY = "none"
 
 
 class MemoryStepStore:
     """Steps, runs and states in dicts keyed by ``(company_id, run_id)``."""
 
     capabilities = CAPABILITIES
+    durability = DURABILITY
 
     def __init__(self) -> None:
         self._steps: dict[RunKey, dict[int, StepRecord]] = {}
@@ -45,15 +49,18 @@ class MemoryStepStore:
         steps: Sequence[StepRecord],
         runs: Sequence[RunRecord] = (),
         states: Sequence[RunState] = (),
-    ) -> None:
-        # No await inside: the batch lands atomically with respect to other tasks.
-        for step in steps:
+    ) -> list[RunKey]:
+        # No await inside: the check and the batch land atomically with respect to other tasks.
+        stored = {key: self._states[key].last_seq for key in state_keys(states) if key in self._states}
+        batch = admit(steps, runs, states, stored)
+        for step in batch.steps:
             rows = self._steps.setdefault((step.company_id, step.run_id), {})
             rows[step.step_seq] = merge_step(rows.get(step.step_seq), step)
-        for run in runs:
+        for run in batch.runs:
             self._runs[(run.company_id, run.run_id)] = run
-        for state in states:
+        for state in batch.states:
             self._states[(state.company_id, state.run_id)] = state
+        return batch.skipped
 
     async def load_states(self, company_id: str, run_ids: Sequence[str]) -> dict[str, RunState]:
         found = {}
@@ -90,6 +97,7 @@ class MemoryDeepStore:
     """Deep rows in dicts keyed by ``(company_id, run_id)`` then ``step_seq``."""
 
     capabilities = CAPABILITIES
+    durability = DURABILITY
 
     def __init__(self, limits: Limits | None = None) -> None:
         self._limits = limits

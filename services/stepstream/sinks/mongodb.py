@@ -26,17 +26,47 @@ field names everywhere and integers beyond int64 are not BSON at all.
 
 **Writes.** A batch's writes to one row are coalesced, in order, into one
 ``UpdateOne({_id}, {$set: fields}, upsert)`` (later non-None fields win, which is
-what applying them one by one does); run records and states are ``ReplaceOne``
-of the batch's last write per run. Each collection gets ordered ``bulk_write`` s
-and the states go last (no multi-document transactions without a replica set,
-and none at all in FerretDB 1.x).
+what applying them one by one does); run records are ``ReplaceOne`` of the
+batch's last write per run. Each collection gets ordered ``bulk_write`` s and the
+states go last (no multi-document transactions without a replica set, and none
+at all in FerretDB 1.x).
+
+**Stale runs.** A step batch first reads the stored state of each run it carries
+a state for (by ``_id``; ``last_seq`` is a field of its own, and an older
+document without it is read from its ``state`` text) and drops the runs whose
+stored ``last_seq`` is not below the batch's (``semantics.admit``). Then each
+state is written conditionally, ``ReplaceOne({_id, last_seq: {$not: {$gte:
+new}}}, upsert)``: a stored state at or past ``new`` makes the upsert collide
+on ``_id`` (``DuplicateKeyError``), which counts as refused (tried twice, as two
+first inserts of one run also collide) and the run is returned as skipped. On
+MongoDB that update is atomic per document, so the state itself never goes
+backwards; the steps and run record of a run whose stale writer passed the read
+just before the new owner wrote can still land (see ``docs/sinks.md``). FerretDB
+1.24 evaluates the filter on a read outside the transaction that writes, so two
+writers updating one run's state at the same instant can both pass it
+(``capabilities.monotonic_states`` is false there).
+
+**Durability.** Unless the URL sets ``w`` or ``journal`` (pymongo's names), every
+write uses the write concern ``w=majority, j=true``: acknowledged once a
+majority of the replica set has it in its journal (on a standalone server, once
+it is in the journal). ``durability`` names the effective concern. FerretDB 1.24
+accepts and ignores write concerns (``writeConcern`` is an ignored field of its
+commands); its durability is that of its own SQLite backend.
+
+**Errors.** Lost connections, timeouts (network, server selection, ``maxTimeMS``,
+a write concern's ``wtimeout``), a primary stepping down or shutting down, and
+errors labelled ``RetryableWriteError`` are :class:`SinkUnavailable`; other
+server errors are :class:`SinkError`, and so is a document BSON cannot hold (an
+integer beyond 64 bits, a lone surrogate, an invalid document), whose message
+names the collection and the exception type but never the value.
 
 A deep row's ``clipped`` is sticky (``$set`` only when true, ``$setOnInsert``
 false otherwise) and its ``ts`` the latest (``$max``). The positional reasoning
-merge needs ``stored[:offset] + written``; MongoDB could do it with an update
-pipeline (``$substrCP``/``$concat``) but FerretDB 1.x rejects pipeline updates,
-so the adapter reads the stored reasoning of the rows whose first chunk in the
-batch starts past 0 (one ``_id`` lookup each) and ``$set`` s the merged text.
+merge needs ``stored[:offset] + written + stored[offset + len(written):]``;
+MongoDB could do it with an update pipeline (``$substrCP``/``$concat``) but
+FerretDB 1.x rejects pipeline updates, so the adapter reads the stored reasoning
+of every row the batch writes reasoning to (one ``_id`` lookup each) and
+``$set`` s the merged text.
 That is a read-modify-write: correct because one run is written by one worker at
 a time (Kafka partitioning) and this store serialises its own deep writes. A row
 whose stored text was merged is then updated without upsert, and no text is
@@ -69,9 +99,11 @@ import msgspec
 
 from stepstream.core.fold import Limits
 from stepstream.core.records import DeepRecord, RunRecord, RunState, StepRecord
-from stepstream.errors import ConfigError, SinkError, SinkUnavailable
+from stepstream.errors import ConfigError, SinkError, SinkUnavailable, StepstreamError
 from stepstream.sinks.ports import Capabilities, RunsPage
 from stepstream.sinks.semantics import (
+    RunKey,
+    admit,
     apply_reasoning,
     check_keep,
     check_limit,
@@ -80,17 +112,27 @@ from stepstream.sinks.semantics import (
     newest_first,
     page,
     recency,
+    state_keys,
+    unstorable,
 )
 
 try:
     import pymongo
     from pymongo import AsyncMongoClient, ReplaceOne, UpdateOne
-    from pymongo.errors import ConnectionFailure, PyMongoError
+    from pymongo.errors import BulkWriteError, ConnectionFailure, DuplicateKeyError, OperationFailure, PyMongoError
+    from pymongo.write_concern import WriteConcern
 except ImportError as exc:
     raise ConfigError("the mongodb sink needs pymongo: pip install 'stepstream[mongodb]'") from exc
 
-CAPABILITIES = Capabilities(atomic_batch=False, shared_storage=True)
+CAPABILITIES = Capabilities(atomic_batch=False, shared_storage=True, monotonic_states=True)
+FERRETDB_CAPABILITIES = Capabilities(atomic_batch=False, shared_storage=True, monotonic_states=False)
 DEFAULT_DATABASE = "stepstream"
+DEFAULT_WRITE_CONCERN = {"w": "majority", "j": True}
+DUPLICATE_KEY = 11000
+# Server error codes that mean "not now": host unreachable or not found, network
+# timeout, shutting down, primary stepped down, time limit, socket error, write
+# concern failed, not (or no longer) primary, interrupted by a state change.
+TRANSIENT_CODES = frozenset({6, 7, 64, 89, 91, 189, 262, 9001, 10107, 11600, 11602, 13435, 13436})
 
 _json = msgspec.json.Encoder()
 _state_decoder = msgspec.json.Decoder(RunState)
@@ -100,15 +142,51 @@ _NO_ID = {"_id": 0}
 StepKey = tuple[str, str, int]
 
 
+def is_transient(exc: PyMongoError) -> bool:
+    """Whether the same call may succeed later (see the module doc)."""
+    if isinstance(exc, ConnectionFailure) or exc.timeout:
+        return True
+    if exc.has_error_label("RetryableWriteError"):
+        return True
+    if isinstance(exc, BulkWriteError):
+        errors = exc.details.get("writeConcernErrors", []) + exc.details.get("writeErrors", [])
+        return bool(errors) and all(e.get("code") in TRANSIENT_CODES for e in errors)
+    return isinstance(exc, OperationFailure) and exc.code in TRANSIENT_CODES
+
+
+def _describe(exc: PyMongoError) -> str:
+    """The error without documents: a server error's details (``str`` appends them
+    all) can carry the failed operation whole, and bodies hold secrets, so only
+    codes and server messages are kept."""
+    if isinstance(exc, BulkWriteError):
+        errors = exc.details.get("writeErrors", []) + exc.details.get("writeConcernErrors", [])
+        shown = "; ".join(f"code {e.get('code')}: {str(e.get('errmsg', ''))[:200]}" for e in errors[:3])
+        return f"{len(errors)} error(s): {shown}"
+    if isinstance(exc, OperationFailure):
+        return f"code {exc.code}: {str((exc.details or {}).get('errmsg', type(exc).__name__))[:200]}"
+    return str(exc)
+
+
 @asynccontextmanager
 async def _translated(what: str) -> AsyncIterator[None]:
-    """pymongo errors as the sink error tree: connection trouble is retriable."""
+    """Every failure as the sink error tree: transient trouble is retriable, a
+    value BSON cannot hold (``OverflowError``, ``InvalidDocument``, ...) is not."""
     try:
         yield
-    except ConnectionFailure as exc:
-        raise SinkUnavailable(f"mongodb sink: {what}: {exc}") from exc
+    except StepstreamError:
+        raise
     except PyMongoError as exc:
-        raise SinkError(f"mongodb sink: {what}: {exc}") from exc
+        kind = SinkUnavailable if is_transient(exc) else SinkError
+        raise kind(f"mongodb sink: {what}: {_describe(exc)}") from None
+    except Exception as exc:  # bson's OverflowError, InvalidDocument, UnicodeEncodeError, ...
+        raise unstorable("mongodb", what, exc) from None
+
+
+def _concern_text(document: dict[str, Any]) -> str:
+    """A write concern as ``w=majority,j=true[,wtimeout=N]`` (a fixed key order)."""
+    keys = sorted(document, key=lambda k: (("w", "j", "wtimeout", "fsync") + (k,)).index(k))
+    parts = [f"{k}={str(document[k]).lower() if isinstance(document[k], bool) else document[k]}" for k in keys]
+    return ",".join(parts) or "server default"
 
 
 FERRETDB_UPDATES_PER_COMMAND = 16
@@ -122,17 +200,28 @@ class _Connection:
         self.client: Any = None
         self.db: Any = None
         self.ferretdb = False
+        self.durability = ""
         self._bulk_lock = asyncio.Lock()
 
     async def open(self, indexes: dict[str, list[tuple[list[tuple[str, int]], dict[str, Any]]]]) -> None:
         async with _translated("open"):
+            query = self.url.partition("?")[2]
+            if any(part.split("=", 1)[0].lower() == "j" for part in query.split("&")):
+                raise ConfigError("mongodb sink URL: pymongo ignores 'j'; use journal=true or journal=false")
             try:
                 self.client = AsyncMongoClient(self.url)
             except pymongo.errors.ConfigurationError as exc:
                 raise ConfigError(f"bad mongodb URL: {exc}") from exc
-            self.db = self.client.get_default_database(default=DEFAULT_DATABASE)
+            given = self.client.write_concern.document
+            concern = None
+            if not {"w", "j", "fsync"} & given.keys():
+                concern = WriteConcern(**DEFAULT_WRITE_CONCERN, wtimeout=given.get("wtimeout"))
+            self.db = self.client.get_default_database(default=DEFAULT_DATABASE, write_concern=concern)
             build = await self.db.command("buildInfo")
             self.ferretdb = "ferretdbVersion" in build
+            self.durability = _concern_text(self.db.write_concern.document)
+            if self.ferretdb:
+                self.durability += " (ignored by FerretDB)"
             for collection, specs in indexes.items():
                 for keys, options in specs:
                     await self.db[collection].create_index(keys, **options)
@@ -157,6 +246,34 @@ class _Connection:
         async with self._bulk_lock:
             for start in range(0, len(ops), FERRETDB_UPDATES_PER_COMMAND):
                 await self[collection].bulk_write(ops[start : start + FERRETDB_UPDATES_PER_COMMAND], ordered=True)
+
+    async def replace_unless_ahead(self, collection: str, writes: list[tuple[str, int, dict[str, Any]]]) -> list[int]:
+        """``ReplaceOne({_id, last_seq: {$not: {$gte: seq}}}, doc, upsert)`` for each
+        ``(_id, seq, doc)``; returns the indexes refused (a stored ``last_seq`` at or
+        past ``seq`` makes the upsert collide on ``_id``). MongoDB: one unordered
+        bulk. FerretDB answers a bulk whose statement failed without ``nModified``
+        (pymongo then raises ``KeyError``), so there it is one statement per command."""
+        replaces = [({"_id": _id, "last_seq": {"$not": {"$gte": seq}}}, doc) for _id, seq, doc in writes]
+        if not self.ferretdb:
+            try:
+                await self[collection].bulk_write(
+                    [ReplaceOne(where, doc, upsert=True) for where, doc in replaces], ordered=False
+                )
+            except BulkWriteError as exc:
+                details = exc.details
+                errors = details.get("writeErrors", [])
+                if details.get("writeConcernErrors") or any(e.get("code") != DUPLICATE_KEY for e in errors):
+                    raise
+                return sorted(e["index"] for e in errors)
+            return []
+        refused = []
+        async with self._bulk_lock:
+            for index, (where, doc) in enumerate(replaces):
+                try:
+                    await self[collection].replace_one(where, doc, upsert=True)
+                except DuplicateKeyError:
+                    refused.append(index)
+        return refused
 
     def __getitem__(self, collection: str) -> Any:
         if self.db is None:
@@ -213,9 +330,22 @@ def _last_per_run(records: Sequence[Any]) -> dict[tuple[str, str], Any]:
     return {(r.company_id, r.run_id): r for r in records}
 
 
-def _state_op(state: RunState) -> Any:
-    doc = {"company_id": state.company_id, "run_id": state.run_id, "state": _json.encode(state).decode()}
-    return ReplaceOne({"_id": row_id(state.company_id, state.run_id)}, doc, upsert=True)
+def _state_write(state: RunState) -> tuple[str, int, dict[str, Any]]:
+    doc = {
+        "company_id": state.company_id,
+        "run_id": state.run_id,
+        "last_seq": state.last_seq,
+        "state": _json.encode(state).decode(),
+    }
+    return row_id(state.company_id, state.run_id), state.last_seq, doc
+
+
+def _last_seq(doc: dict[str, Any]) -> int:
+    """A stored state's ``last_seq``: its own field, or (documents written before
+    the field existed) the one inside the state text."""
+    if "last_seq" in doc:
+        return int(doc["last_seq"])
+    return _state_decoder.decode(doc["state"]).last_seq
 
 
 def _step(doc: dict[str, Any]) -> StepRecord:
@@ -235,12 +365,18 @@ def _deep(doc: dict[str, Any]) -> DeepRecord:
 
 
 class MongoStepStore:
-    """Steps, runs and states in a MongoDB database; states written last."""
+    """Steps, runs and states in a MongoDB database; states written last, each only
+    if it moves its run forward."""
 
     capabilities = CAPABILITIES
 
     def __init__(self, url: str) -> None:
         self._conn = _Connection(url)
+
+    @property
+    def durability(self) -> str:
+        """The effective write concern, e.g. ``w=majority,j=true``."""
+        return self._conn.durability
 
     async def open(self) -> MongoStepStore:
         try:
@@ -248,6 +384,8 @@ class MongoStepStore:
         except BaseException:
             await self._conn.close()
             raise
+        if self._conn.ferretdb:
+            self.capabilities = FERRETDB_CAPABILITIES
         return self
 
     async def write(
@@ -255,14 +393,43 @@ class MongoStepStore:
         steps: Sequence[StepRecord],
         runs: Sequence[RunRecord] = (),
         states: Sequence[RunState] = (),
-    ) -> None:
-        async with _translated("write"):
-            if steps:
-                await self._conn.bulk("run_steps", _step_ops(steps))
-            if runs:
-                await self._conn.bulk("runs", [_run_op(r) for r in _last_per_run(runs).values()])
-            if states:
-                await self._conn.bulk("run_state", [_state_op(s) for s in _last_per_run(states).values()])
+    ) -> list[RunKey]:
+        if not (steps or runs or states):
+            return []
+        async with _translated("read run_state"):
+            stored = await self._stored_last_seq(state_keys(states))
+        batch = admit(steps, runs, states, stored)
+        if batch.steps:
+            async with _translated("write run_steps"):
+                await self._conn.bulk("run_steps", _step_ops(batch.steps))
+        if batch.runs:
+            async with _translated("write runs"):
+                await self._conn.bulk("runs", [_run_op(r) for r in _last_per_run(batch.runs).values()])
+        refused: list[RunKey] = []
+        if batch.states:
+            async with _translated("write run_state"):
+                refused = await self._write_states(list(_last_per_run(batch.states).values()))
+        return batch.skipped + refused
+
+    async def _stored_last_seq(self, keys: Sequence[RunKey]) -> dict[RunKey, int]:
+        if not keys:
+            return {}
+        collection = self._conn["run_state"]
+        projection = {"_id": 0, "last_seq": 1, "state": 1}
+        docs = await asyncio.gather(*(collection.find_one({"_id": row_id(*key)}, projection) for key in keys))
+        return {key: _last_seq(doc) for key, doc in zip(keys, docs, strict=True) if doc is not None}
+
+    async def _write_states(self, states: list[RunState]) -> list[RunKey]:
+        """Each state only if it is ahead of the stored one; returns the runs refused.
+        A refusal is retried once: two first writes of one run collide on ``_id``
+        whatever their ``last_seq``, and the second try then compares them."""
+        pending = states
+        for _ in range(2):
+            refused = await self._conn.replace_unless_ahead("run_state", [_state_write(s) for s in pending])
+            pending = [pending[i] for i in refused]
+            if not pending:
+                break
+        return [(s.company_id, s.run_id) for s in pending]
 
     async def load_states(self, company_id: str, run_ids: Sequence[str]) -> dict[str, RunState]:
         if not run_ids:
@@ -273,7 +440,7 @@ class MongoStepStore:
             docs = await asyncio.gather(
                 *(collection.find_one({"_id": row_id(company_id, r)}, _NO_ID) for r in dict.fromkeys(run_ids))
             )
-        return {doc["run_id"]: _state_decoder.decode(doc["state"]) for doc in docs if doc is not None}
+            return {doc["run_id"]: _state_decoder.decode(doc["state"]) for doc in docs if doc is not None}
 
     async def get_run(self, company_id: str, run_id: str) -> RunRecord | None:
         async with _translated("get_run"):
@@ -319,19 +486,26 @@ class MongoDeepStore:
         self._limits = limits
         self._write_lock = asyncio.Lock()
 
+    @property
+    def durability(self) -> str:
+        """The effective write concern, e.g. ``w=majority,j=true``."""
+        return self._conn.durability
+
     async def open(self) -> MongoDeepStore:
         try:
             await self._conn.open(DEEP_INDEXES)
         except BaseException:
             await self._conn.close()
             raise
+        if self._conn.ferretdb:
+            self.capabilities = FERRETDB_CAPABILITIES
         return self
 
     async def write(self, deeps: Sequence[DeepRecord]) -> None:
         if not deeps:
             return
         deeps = clip_batch(deeps, self._limits)
-        async with self._write_lock, _translated("write"):
+        async with self._write_lock, _translated("write run_step_details"):
             stored = await self._stored_reasoning(deeps)
             current = dict(stored)
             # The batch's writes to a row coalesce into one $set, applied in order:
@@ -367,13 +541,10 @@ class MongoDeepStore:
             await self._conn.bulk("run_step_details", ops)
 
     async def _stored_reasoning(self, deeps: Sequence[DeepRecord]) -> dict[StepKey, str | None]:
-        """Stored reasoning of the rows whose first reasoning write in this batch
-        starts past 0 (the only ones whose merge needs the stored text)."""
-        first: dict[StepKey, bool] = {}
-        for d in deeps:
-            if d.reasoning is not None:
-                first.setdefault((d.company_id, d.run_id, d.step_seq), d.reasoning_offset > 0)
-        wanted = [key for key, needs in first.items() if needs]
+        """Stored reasoning of the rows this batch writes reasoning to (a chunk at
+        any offset keeps the stored text past its span), keyed only for rows that
+        exist."""
+        wanted = list(dict.fromkeys((d.company_id, d.run_id, d.step_seq) for d in deeps if d.reasoning is not None))
         if not wanted:
             return {}
         collection = self._conn["run_step_details"]

@@ -17,17 +17,36 @@ like another company's run.
 **Write semantics** are those of ``core.records``: a write replaces on its key
 ``(company_id, run_id, step_seq)`` field by field (``None`` keeps the stored
 value); ``DeepRecord.clipped`` is sticky; ``DeepRecord.reasoning`` is
-positional (``stored[:reasoning_offset] + written``). Run records and run states
-replace whole on ``(company_id, run_id)``. Records of one ``write`` call apply
-in the order given, so two writes to one key in a batch behave like two calls.
-Writing the same batch twice gives the same rows (idempotent).
+positional: a chunk overwrites its own span and never shortens the text
+(``stored[:offset] + written + stored[offset + len(written):]``). Run records
+and run states replace whole on ``(company_id, run_id)``. Records of one
+``write`` call apply in the order given, so two writes to one key in a batch
+behave like two calls. Writing the same batch twice gives the same rows
+(idempotent).
+
+**Runs never move backwards.** ``StepStore.write`` applies a run's steps, run
+records and state only when its state in the batch is ahead of the stored one
+(``last_seq`` greater, or nothing stored); otherwise it skips all of that run's
+rows and returns the run among the skipped. A former partition owner that wakes
+up late therefore cannot overwrite what the new owner wrote.
 
 **Durability and order.** ``StepStore.write`` is one transaction where the
 backend has them (SQLite): the steps, run records and states of a batch become
 durable together or not at all. Where it has none (MongoDB/FerretDB, files) the
 states are written last, so a crash leaves rows that a replay rewrites
 identically, never a state that claims more than is stored. The engine writes a
-batch's deep records *before* the step batch that carries its states.
+batch's deep records *before* the step batch that carries its states. Every
+store is durable by default (SQLite ``synchronous=FULL``, an fsync per file
+batch, MongoDB ``w=majority, j=true``; each URL can opt out) and names what it
+does in ``durability``, e.g. ``"synchronous=FULL"``.
+
+**Errors.** A store method raises only :class:`~stepstream.errors.SinkError`
+for a driver or I/O failure: :class:`~stepstream.errors.SinkUnavailable`
+(retriable: the same call may succeed later) for a busy or locked database, a
+lost connection, a timeout, a full disk or an I/O error; a plain ``SinkError``
+(not retriable) for everything else, including a value the backend cannot hold
+(an integer beyond 64 bits, a lone surrogate), whose message names the table and
+the exception type but never the value.
 
 **Bounds.** ``DeepStore.write`` clips every body to the caps before any backend
 sees it (``core.caps``), so no backend can store more than the caps.
@@ -51,10 +70,15 @@ class Capabilities(msgspec.Struct, frozen=True, kw_only=True):
     ``atomic_batch``: a write call is all-or-nothing (one transaction).
     ``shared_storage``: two store instances opened on the same URL (also from two
     processes) see each other's writes.
+    ``monotonic_states``: the stale-run check and the state write are atomic
+    against every other writer, so even two writers racing on one run can never
+    move its stored state backwards (FerretDB 1.x cannot: its conditional update
+    reads outside the transaction that writes).
     """
 
     atomic_batch: bool
     shared_storage: bool
+    monotonic_states: bool = True
 
 
 class RunsPage(msgspec.Struct, frozen=True):
@@ -78,15 +102,25 @@ class StepStore(Protocol):
     backends and store instances."""
 
     capabilities: Capabilities
+    durability: str
 
     async def write(
         self,
         steps: Sequence[StepRecord],
         runs: Sequence[RunRecord] = (),
         states: Sequence[RunState] = (),
-    ) -> None:
+    ) -> list[tuple[str, str]]:
         """Upsert a batch: steps field by field, run records and states whole.
-        Atomic where ``capabilities.atomic_batch``; otherwise states go last."""
+        Atomic where ``capabilities.atomic_batch``; otherwise states go last.
+
+        A run with a state in the batch is written only if its stored state's
+        ``last_seq`` is lower than the batch state's (the last one of the run in
+        ``states``), or it has none; otherwise none of its steps, run records or
+        states are written and ``(company_id, run_id)`` is returned among the
+        skipped runs (in ``states`` order). A run that already holds exactly this
+        ``last_seq`` (a batch replayed after it landed) is skipped too: its rows
+        are there. Rows of runs without a state in the batch are always written.
+        Returns ``[]`` when nothing was skipped."""
         ...
 
     async def load_states(self, company_id: str, run_ids: Sequence[str]) -> dict[str, RunState]:
@@ -143,10 +177,12 @@ class DeepStore(RetentionStore, Protocol):
     """The unredacted companions. Company-scoped like every port; clipped at the port."""
 
     capabilities: Capabilities
+    durability: str
 
     async def write(self, deeps: Sequence[DeepRecord]) -> None:
-        """Clip to the caps, then upsert with the deep merge (positional reasoning,
-        sticky ``clipped``). Atomic where ``capabilities.atomic_batch``."""
+        """Clip to the caps, then upsert with the deep merge (positional reasoning
+        that never shortens the text, sticky ``clipped``). Atomic where
+        ``capabilities.atomic_batch``."""
         ...
 
     async def get_deep(self, company_id: str, run_id: str) -> list[DeepRecord]:

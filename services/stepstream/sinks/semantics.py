@@ -1,32 +1,47 @@
-"""What every backend shares: the stored-row merge, run recency and its cursor,
-and the clipping every deep write goes through at the port (``core.caps``).
+"""What every backend shares: the stored-row merge, the stale-run rule of a step
+batch, run recency and its cursor, the clipping every deep write goes through at
+the port (``core.caps``), and the error a value no backend column can hold becomes.
 
 The merge here is the *store's* view of ``core.records``: a stored deep row
-always starts at character 0, and a write at ``reasoning_offset`` N leaves
-``stored[:N] + written`` (an offset past the stored end simply appends, as
-Python slicing does). A deep row's ``ts`` is the latest it was written with
+always starts at character 0, and a write at ``reasoning_offset`` N overwrites
+its own span, ``stored[:N] + written + stored[N + len(written):]``
+(``core.merge.apply_reasoning``; an offset past the stored end simply appends,
+as Python slicing does). A deep row's ``ts`` is the latest it was written with
 (``max``), as ``core.merge.merge_deep`` coalesces a batch, so a row is the same
 whether or not the worker's batch boundaries fell between two writes. The
 memory and file backends apply it in Python; SQLite and MongoDB implement the
 same rule natively and the conformance suite holds them to it.
+
+**Stale runs** (:func:`admit`). A step batch carries at most one state per run
+that matters, its last; a run whose stored state's ``last_seq`` is not below
+that one is *stale* in this batch (a former partition owner writing late), and
+none of its steps, run records or states are written. Each backend reads the
+stored ``last_seq`` where its own atomicity allows and calls :func:`admit`.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import NamedTuple
 
 import msgspec
 
 from stepstream.core.caps import clip_deep
 from stepstream.core.fold import Limits
-from stepstream.core.merge import merge_step
-from stepstream.core.records import DeepRecord, RunRecord
+from stepstream.core.merge import apply_reasoning, merge_step
+from stepstream.core.records import DeepRecord, RunRecord, RunState, StepRecord
+from stepstream.errors import SinkError
 from stepstream.sinks.ports import InvalidCursor
+
+RunKey = tuple[str, str]
 
 __all__ = [
     "DEFAULT_LIMITS",
+    "Admitted",
+    "RunKey",
+    "admit",
     "apply_deep",
     "apply_reasoning",
     "check_keep",
@@ -39,16 +54,9 @@ __all__ = [
     "page",
     "recency",
     "run_sort_key",
+    "state_keys",
+    "unstorable",
 ]
-
-
-def apply_reasoning(stored: str | None, offset: int, written: str | None) -> str | None:
-    """The positional rule: ``stored[:offset] + written``; ``None`` keeps."""
-    if written is None:
-        return stored
-    if not offset or stored is None:
-        return written
-    return stored[:offset] + written
 
 
 def apply_deep(stored: DeepRecord | None, written: DeepRecord) -> DeepRecord:
@@ -69,6 +77,55 @@ def apply_deep(stored: DeepRecord | None, written: DeepRecord) -> DeepRecord:
         output=written.output if written.output is not None else stored.output,
         clipped=stored.clipped or written.clipped,
     )
+
+
+def state_keys(states: Sequence[RunState]) -> list[RunKey]:
+    """The runs that have a state in a batch, in first-seen order."""
+    return list(dict.fromkeys((s.company_id, s.run_id) for s in states))
+
+
+class Admitted(NamedTuple):
+    """The part of a step batch that may be written, and the runs left out."""
+
+    steps: list[StepRecord]
+    runs: list[RunRecord]
+    states: list[RunState]
+    skipped: list[RunKey]
+
+
+def admit(
+    steps: Sequence[StepRecord],
+    runs: Sequence[RunRecord],
+    states: Sequence[RunState],
+    stored_last_seq: Mapping[RunKey, int],
+) -> Admitted:
+    """Drop every row of the runs whose batch state is not ahead of the stored one.
+
+    ``stored_last_seq`` holds the stored ``last_seq`` of (at least) the runs of
+    :func:`state_keys`; a run absent from it has no stored state. A run's batch
+    state is its last in ``states``. A run with no state in the batch is kept
+    whole. ``skipped`` lists the dropped runs in the order of ``states``."""
+    latest: dict[RunKey, int] = {}
+    for state in states:
+        latest[(state.company_id, state.run_id)] = state.last_seq
+    skipped = [key for key, seq in latest.items() if key in stored_last_seq and stored_last_seq[key] >= seq]
+    if not skipped:
+        return Admitted(list(steps), list(runs), list(states), [])
+    drop = set(skipped)
+    return Admitted(
+        [r for r in steps if (r.company_id, r.run_id) not in drop],
+        [r for r in runs if (r.company_id, r.run_id) not in drop],
+        [r for r in states if (r.company_id, r.run_id) not in drop],
+        skipped,
+    )
+
+
+def unstorable(backend: str, table: str, exc: BaseException) -> SinkError:
+    """A value the backend cannot hold (an int beyond 64 bits, a lone surrogate, a
+    document the driver refuses): non-retriable, since the same batch fails the
+    same way. The message names the exception type and the table but never the
+    value (bodies hold secrets); raise it ``from None`` for the same reason."""
+    return SinkError(f"{backend} sink: cannot write {table}: {type(exc).__name__} (value not shown)")
 
 
 def recency(run: RunRecord) -> str:

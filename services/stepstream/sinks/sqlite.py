@@ -21,25 +21,40 @@ Schema (created if missing; columns mirror the record fields)::
 **Writes** are ``executemany`` upserts with prepared statements, one
 ``BEGIN IMMEDIATE`` transaction per ``write`` call on a dedicated writer
 connection; reads use a second connection and, under WAL, see only committed
-batches. The merge is SQL: ``col = coalesce(excluded.col, col)``,
+batches. A step batch first reads, inside that transaction, the stored
+``last_seq`` of the runs it carries states for (a primary-key lookup per run,
+``json_extract`` of the state) and drops the stale runs (``semantics.admit``),
+so the check and the write are one atomic step for every writer of the file.
+The merge is SQL: ``col = coalesce(excluded.col, col)``,
 ``clipped = max(clipped, excluded.clipped)``, ``ts = max(ts, excluded.ts)``
-and, for the positional reasoning,
+and, for the positional reasoning of a row that has text,
 ``stepstream_splice(reasoning, offset, excluded.reasoning)``: a SQL function
-registered on the writer connection that returns ``stored[:offset] + written``
-in Python. SQLite's own ``substr`` counts characters but stops at a NUL
-character (U+0000, legal in JSON text and so in reasoning), which would silently
-drop the tail; the function is only called when a chunk lands past character 0
-of an existing row. Plain ``sqlite3`` can read the file; only this upsert needs
-the function.
+registered on the writer connection that is ``core.merge.apply_reasoning``
+(``stored[:offset] + written + stored[offset + len(written):]``). SQLite's own
+``substr`` and ``length`` count characters but stop at a NUL character (U+0000,
+legal in JSON text and so in reasoning), which would silently drop text. Plain
+``sqlite3`` can read the file; only this upsert needs the function.
 
-PRAGMAs: ``journal_mode=WAL``, ``synchronous=NORMAL`` (a committed batch survives
-a process kill; a power cut may lose the last batches, never corrupt), and a
-busy timeout so several processes can share the file.
+PRAGMAs: ``journal_mode=WAL``, ``synchronous=FULL`` by default (the WAL is
+synced at every commit, so a batch that returned survives a power cut;
+``?synchronous=normal`` syncs only at checkpoints: a committed batch survives a
+process kill, a power cut may lose the last batches, never corrupt), and a busy
+timeout (``?busy_timeout_ms=``, default 30000) so several processes can share
+the file. ``durability`` reads the setting back from the connection.
+
+**Errors.** ``SQLITE_BUSY``, ``SQLITE_LOCKED``, ``SQLITE_IOERR`` ("disk I/O
+error"), ``SQLITE_CANTOPEN`` ("unable to open") and ``SQLITE_FULL`` (disk full)
+are :class:`SinkUnavailable` (retriable); any other SQLite error is a
+:class:`SinkError`. Any other exception while writing (``OverflowError`` for an
+integer beyond 64 bits, ``UnicodeEncodeError`` for a lone surrogate) rolls the
+transaction back and becomes a ``SinkError`` naming the table and the exception
+type, never the value.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sqlite3
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
@@ -50,15 +65,33 @@ from stepstream.core.fold import Limits
 from stepstream.core.records import DeepRecord, RunRecord, RunState, StepRecord
 from stepstream.errors import ConfigError, SinkError, SinkUnavailable
 from stepstream.sinks.ports import Capabilities, RunsPage
-from stepstream.sinks.semantics import check_keep, check_limit, clip_batch, decode_cursor, page, recency
+from stepstream.sinks.semantics import (
+    RunKey,
+    admit,
+    apply_reasoning,
+    check_keep,
+    check_limit,
+    clip_batch,
+    decode_cursor,
+    page,
+    recency,
+    state_keys,
+    unstorable,
+)
 
 try:
     import aiosqlite
 except ImportError as exc:  # pragma: no cover - a core dependency
     raise ConfigError("the sqlite sink needs aiosqlite: pip install stepstream") from exc
 
-CAPABILITIES = Capabilities(atomic_batch=True, shared_storage=True)
+CAPABILITIES = Capabilities(atomic_batch=True, shared_storage=True, monotonic_states=True)
 BUSY_TIMEOUT_MS = 30_000
+SYNCHRONOUS = "FULL"
+_SYNCHRONOUS_NAMES = {0: "OFF", 1: "NORMAL", 2: "FULL", 3: "EXTRA"}
+# Primary result codes worth a retry: busy, locked, I/O error, cannot open, disk full.
+RETRIABLE_CODES = frozenset(
+    {sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED, sqlite3.SQLITE_IOERR, sqlite3.SQLITE_CANTOPEN, sqlite3.SQLITE_FULL}
+)
 
 T = TypeVar("T")
 
@@ -141,7 +174,7 @@ def _deep_upsert() -> str:
         "ON CONFLICT (company_id, run_id, step_seq) DO UPDATE SET "
         "kind = excluded.kind, ts = max(ts, excluded.ts), "
         "reasoning = CASE WHEN excluded.reasoning IS NULL THEN reasoning "
-        f"WHEN {off} = 0 OR reasoning IS NULL THEN excluded.reasoning "
+        "WHEN reasoning IS NULL THEN excluded.reasoning "
         f"ELSE stepstream_splice(reasoning, {off}, excluded.reasoning) END, "
         "arguments = coalesce(excluded.arguments, arguments), "
         "output = coalesce(excluded.output, output), "
@@ -151,10 +184,36 @@ def _deep_upsert() -> str:
 
 _UPSERT_DEEP = _deep_upsert()
 
+# Stored last_seq of the given runs: one primary-key search per key (the CROSS JOIN
+# keeps the key list as the outer loop). Keys are bound parameters, not JSON, as
+# SQLite's JSON functions cut text at a NUL character.
+_KEYS_PER_QUERY = 256
 
-def splice(stored: str, offset: int, written: str) -> str:
-    """The positional merge as the SQL function ``stepstream_splice``."""
-    return stored[:offset] + written
+
+def _stored_last_seq_sql(count: int) -> str:
+    values = ", ".join(["(?, ?)"] * count)
+    return (
+        f"WITH k(company_id, run_id) AS (VALUES {values}) "
+        "SELECT s.company_id, s.run_id, json_extract(s.state, '$.last_seq') "
+        "FROM k CROSS JOIN run_state AS s USING (company_id, run_id)"
+    )
+
+
+def _padded(count: int) -> int:
+    """``count`` rounded up to a power of two, so a few statement texts serve every size."""
+    return 1 << (count - 1).bit_length()
+
+
+def _key_chunks(keys: Sequence[tuple[Any, ...]]) -> list[tuple[int, list[Any]]]:
+    """``(size, flat params)`` per chunk of at most :data:`_KEYS_PER_QUERY` keys, each
+    padded to a power of two by repeating its last key (a repeat matches nothing new)."""
+    out = []
+    for start in range(0, len(keys), _KEYS_PER_QUERY):
+        chunk = list(keys[start : start + _KEYS_PER_QUERY])
+        size = _padded(len(chunk))
+        chunk += [chunk[-1]] * (size - len(chunk))
+        out.append((size, [v for key in chunk for v in key]))
+    return out
 
 
 _json = msgspec.json.Encoder()
@@ -187,41 +246,85 @@ def deep_params(deeps: Sequence[DeepRecord]) -> list[tuple[Any, ...]]:
     return [astuple(d) for d in deeps]
 
 
-def _error(exc: sqlite3.Error) -> SinkError:
-    text = str(exc)
-    if isinstance(exc, sqlite3.OperationalError) and ("locked" in text or "busy" in text):
-        return SinkUnavailable(f"sqlite sink: {text}")
-    return SinkError(f"sqlite sink: {text}")
+def is_retriable(exc: sqlite3.Error) -> bool:
+    """Whether the error is transient (see the module doc), by its SQLite result code."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is None:  # raised by the sqlite3 module itself, not by SQLite
+        return False
+    return (code & 0xFF) in RETRIABLE_CODES
+
+
+def _error(exc: sqlite3.Error, what: str) -> SinkError:
+    kind = SinkUnavailable if is_retriable(exc) else SinkError
+    return kind(f"sqlite sink: {what}: {exc}")
+
+
+async def _write_rows(
+    conn: aiosqlite.Connection,
+    table: str,
+    sql: str,
+    params_of: Callable[[Sequence[Any]], list[tuple[Any, ...]]],
+    records: Sequence[Any],
+) -> None:
+    """``executemany`` of ``records`` into ``table``; a value SQLite cannot hold is a
+    :class:`SinkError` naming the table (the caller's transaction rolls back)."""
+    try:
+        await conn.executemany(sql, params_of(records))
+    except sqlite3.Error as exc:
+        raise _error(exc, f"write {table}") from exc
+    except Exception as exc:  # OverflowError, UnicodeEncodeError, ...: never retriable
+        raise unstorable("sqlite", table, exc) from None
+
+
+def _probe(path: str) -> None:
+    sqlite3.connect(path).close()
 
 
 class _Database:
     """A writer connection (one transaction at a time) and a reader connection."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, synchronous: str, busy_timeout_ms: int) -> None:
+        if synchronous.upper() not in ("FULL", "NORMAL") or busy_timeout_ms < 0:
+            raise ConfigError(f"sqlite sink: synchronous must be FULL or NORMAL (got {synchronous!r}), "
+                              f"busy_timeout_ms at least 0 (got {busy_timeout_ms})")  # fmt: skip
         self.path = path
+        self.synchronous = synchronous.upper()
+        self.busy_timeout_ms = int(busy_timeout_ms)
+        self.durability = ""
         self.writer: aiosqlite.Connection | None = None
         self.reader: aiosqlite.Connection | None = None
         self.write_lock = asyncio.Lock()
 
     async def open(self, schema: str) -> None:
         try:
+            # A file that cannot be opened fails here, before aiosqlite starts a worker
+            # thread: after a failed connect aiosqlite 0.22 leaves that thread settling
+            # a future no one awaits, which breaks once the event loop is closed.
+            await asyncio.to_thread(_probe, self.path)
             self.writer = await self._connect()
-            await self.writer.create_function("stepstream_splice", 3, splice, deterministic=True)
+            await self.writer.create_function("stepstream_splice", 3, apply_reasoning, deterministic=True)
             await self.writer.execute_fetchall("PRAGMA journal_mode=WAL")
+            ((level,),) = await self.writer.execute_fetchall("PRAGMA synchronous")
+            self.durability = f"synchronous={_SYNCHRONOUS_NAMES.get(level, level)}"
             await self.writer.executescript(f"BEGIN IMMEDIATE;\n{schema}\nCOMMIT;")
             self.reader = await self._connect()
         except sqlite3.Error as exc:
             await self.close()
-            raise _error(exc) from exc
+            raise _error(exc, f"open {self.path}") from exc
 
     async def _connect(self) -> aiosqlite.Connection:
         conn = await aiosqlite.connect(self.path, isolation_level=None, cached_statements=64)
-        await conn.execute_fetchall(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
-        await conn.execute_fetchall("PRAGMA synchronous=NORMAL")
+        try:
+            await conn.execute_fetchall(f"PRAGMA busy_timeout={self.busy_timeout_ms}")
+            await conn.execute_fetchall(f"PRAGMA synchronous={self.synchronous}")
+        except BaseException:
+            await conn.close()
+            raise
         return conn
 
     async def transaction(self, body: Callable[[aiosqlite.Connection], Awaitable[T]]) -> T:
-        """Run ``body`` inside ``BEGIN IMMEDIATE`` ... ``COMMIT``; roll back on any error."""
+        """Run ``body`` inside ``BEGIN IMMEDIATE`` ... ``COMMIT``; roll back on any error.
+        Raises only :class:`SinkError` (or what cancels the task)."""
         conn = self.writer
         if conn is None:
             raise SinkError("sqlite sink: store is closed")
@@ -229,17 +332,26 @@ class _Database:
             try:
                 await conn.execute("BEGIN IMMEDIATE")
             except sqlite3.Error as exc:
-                raise _error(exc) from exc
+                raise _error(exc, "begin") from exc
             try:
                 result = await body(conn)
                 await conn.execute("COMMIT")
                 return result
             except BaseException as exc:
-                if conn.in_transaction:
-                    await conn.execute("ROLLBACK")
+                await self._rollback(conn)
                 if isinstance(exc, sqlite3.Error):
-                    raise _error(exc) from exc
+                    raise _error(exc, "write") from exc
+                if isinstance(exc, Exception) and not isinstance(exc, SinkError):
+                    raise SinkError(f"sqlite sink: write failed: {type(exc).__name__}") from None
                 raise
+
+    @staticmethod
+    async def _rollback(conn: aiosqlite.Connection) -> None:
+        # The error being raised is the one that matters; a failed rollback (the
+        # connection already rolled back, or the disk is gone) must not replace it.
+        with contextlib.suppress(sqlite3.Error, ValueError):
+            if conn.in_transaction:
+                await conn.execute("ROLLBACK")
 
     async def fetch(self, sql: str, params: Sequence[Any]) -> list[Any]:
         conn = self.reader
@@ -248,7 +360,7 @@ class _Database:
         try:
             return list(await conn.execute_fetchall(sql, params))
         except sqlite3.Error as exc:
-            raise _error(exc) from exc
+            raise _error(exc, "read") from exc
 
     async def close(self) -> None:
         for conn in (self.reader, self.writer):
@@ -263,6 +375,21 @@ _SELECT_DEEP = (
     f"SELECT {', '.join(_DEEP_COLS)} FROM run_step_details WHERE company_id = ? AND run_id = ? ORDER BY step_seq"
 )
 _RUN_BOOLS = tuple(f.name for f in msgspec.structs.fields(RunRecord) if f.type is bool)
+
+
+async def _stored_last_seq(conn: aiosqlite.Connection, keys: Sequence[RunKey]) -> dict[RunKey, int]:
+    stored: dict[RunKey, int] = {}
+    for size, params in _key_chunks(keys):
+        for company_id, run_id, last_seq in await conn.execute_fetchall(_stored_last_seq_sql(size), params):
+            stored[(company_id, run_id)] = last_seq
+    return stored
+
+
+def _decode_state(text: str) -> RunState:
+    try:
+        return _state_decoder.decode(text)
+    except msgspec.DecodeError as exc:
+        raise SinkError(f"sqlite sink: a stored run state is not valid: {exc}") from None
 
 
 def _step(row: Sequence[Any]) -> StepRecord:
@@ -290,8 +417,13 @@ class SqliteStepStore:
 
     capabilities = CAPABILITIES
 
-    def __init__(self, path: str) -> None:
-        self._db = _Database(path)
+    def __init__(self, path: str, *, synchronous: str = SYNCHRONOUS, busy_timeout_ms: int = BUSY_TIMEOUT_MS) -> None:
+        self._db = _Database(path, synchronous, busy_timeout_ms)
+
+    @property
+    def durability(self) -> str:
+        """``synchronous=FULL`` or ``synchronous=NORMAL``, as the connection reports it."""
+        return self._db.durability
 
     async def open(self) -> SqliteStepStore:
         await self._db.open(step_schema())
@@ -302,33 +434,35 @@ class SqliteStepStore:
         steps: Sequence[StepRecord],
         runs: Sequence[RunRecord] = (),
         states: Sequence[RunState] = (),
-    ) -> None:
+    ) -> list[RunKey]:
         if not (steps or runs or states):
-            return
-        batches = [
-            (sql, params)
-            for sql, params in (
-                (_UPSERT_STEP, step_params(steps)),
-                (_UPSERT_RUN, run_params(runs)),
-                (_UPSERT_STATE, state_params(states)),
-            )
-            if params
-        ]
+            return []
 
-        async def body(conn: aiosqlite.Connection) -> None:
-            for sql, params in batches:
-                await conn.executemany(sql, params)
+        async def body(conn: aiosqlite.Connection) -> list[RunKey]:
+            # Inside BEGIN IMMEDIATE: no other writer can land between the check and the rows.
+            stored = await _stored_last_seq(conn, state_keys(states))
+            batch = admit(steps, runs, states, stored)
+            for table, sql, params_of, records in (
+                ("run_steps", _UPSERT_STEP, step_params, batch.steps),
+                ("runs", _UPSERT_RUN, run_params, batch.runs),
+                ("run_state", _UPSERT_STATE, state_params, batch.states),
+            ):
+                if records:
+                    await _write_rows(conn, table, sql, params_of, records)
+            return batch.skipped
 
-        await self._db.transaction(body)
+        return await self._db.transaction(body)
 
     async def load_states(self, company_id: str, run_ids: Sequence[str]) -> dict[str, RunState]:
-        if not run_ids:
-            return {}
-        rows = await self._db.fetch(
-            "SELECT run_id, state FROM run_state WHERE company_id = ? AND run_id IN (SELECT value FROM json_each(?))",
-            (company_id, _json.encode(list(run_ids)).decode()),
-        )
-        return {run_id: _state_decoder.decode(state) for run_id, state in rows}
+        found: dict[str, RunState] = {}
+        for size, params in _key_chunks([(run_id,) for run_id in dict.fromkeys(run_ids)]):
+            rows = await self._db.fetch(
+                f"SELECT run_id, state FROM run_state WHERE company_id = ? AND run_id IN ({', '.join('?' * size)})",
+                (company_id, *params),
+            )
+            for run_id, state in rows:
+                found[run_id] = _decode_state(state)
+        return found
 
     async def get_run(self, company_id: str, run_id: str) -> RunRecord | None:
         rows = await self._db.fetch(f"{_SELECT_RUN} WHERE company_id = ? AND run_id = ?", (company_id, run_id))
@@ -362,9 +496,21 @@ class SqliteDeepStore:
 
     capabilities = CAPABILITIES
 
-    def __init__(self, path: str, limits: Limits | None = None) -> None:
-        self._db = _Database(path)
+    def __init__(
+        self,
+        path: str,
+        limits: Limits | None = None,
+        *,
+        synchronous: str = SYNCHRONOUS,
+        busy_timeout_ms: int = BUSY_TIMEOUT_MS,
+    ) -> None:
+        self._db = _Database(path, synchronous, busy_timeout_ms)
         self._limits = limits
+
+    @property
+    def durability(self) -> str:
+        """``synchronous=FULL`` or ``synchronous=NORMAL``, as the connection reports it."""
+        return self._db.durability
 
     async def open(self) -> SqliteDeepStore:
         await self._db.open(deep_schema())
@@ -373,10 +519,10 @@ class SqliteDeepStore:
     async def write(self, deeps: Sequence[DeepRecord]) -> None:
         if not deeps:
             return
-        params = deep_params(clip_batch(deeps, self._limits))
+        clipped = clip_batch(deeps, self._limits)
 
         async def body(conn: aiosqlite.Connection) -> None:
-            await conn.executemany(_UPSERT_DEEP, params)
+            await _write_rows(conn, "run_step_details", _UPSERT_DEEP, deep_params, clipped)
 
         await self._db.transaction(body)
 
