@@ -116,6 +116,44 @@ class WorkerProcess:
         except OSError:
             return "(no log)"
 
+    # -- added for the fault tests (issue 8) ------------------------------------
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def pause(self) -> None:
+        """SIGSTOP: every thread stops (no heartbeats), the process stays."""
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)
+
+    def terminate(self) -> None:
+        """SIGTERM without waiting (see :meth:`wait_exit`)."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+
+    def ready_status(self) -> tuple[int, dict]:
+        """``(HTTP status, body)`` of ``/ready``; ``(0, {})`` when the port does not answer."""
+        import json
+
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/ready", timeout=5) as resp:
+                return resp.status, json.loads(resp.read())
+        except urllib.error.HTTPError as err:
+            return err.code, json.loads(err.read())
+        except OSError:
+            return 0, {}
+
+    def wait_exit(self, timeout: float) -> int | None:
+        """The exit status once the process ends within ``timeout`` s, else ``None``."""
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
 
 async def group_lag(broker: str, group: str, topic: str) -> int:
     """Log-end minus committed offsets of ``group`` over every partition of ``topic``."""
@@ -232,3 +270,194 @@ class Scenario:
     def stop_all(self) -> None:
         for w in self.workers:
             w.stop()
+
+
+# -- added for the fault tests (issue 8) ---------------------------------------------
+
+
+async def _topic_partitions(consumer: AIOKafkaConsumer, topic: str) -> list[TopicPartition]:
+    parts = consumer.partitions_for_topic(topic) or set()
+    if not parts:
+        await consumer._client.force_metadata_update()
+        parts = consumer.partitions_for_topic(topic) or set()
+    return [TopicPartition(topic, p) for p in sorted(parts)]
+
+
+async def end_offsets(broker: str, topic: str) -> dict[int, int]:
+    """Log-end offset of every partition of ``topic``."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=broker, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        tps = await _topic_partitions(consumer, topic)
+        return {tp.partition: offset for tp, offset in (await consumer.end_offsets(tps)).items()}
+    finally:
+        await consumer.stop()
+
+
+async def committed_offsets(broker: str, group: str, topic: str, partitions: int) -> dict[int, int]:
+    """The group's committed offset per partition of ``topic`` (0 where nothing is committed)."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=broker)
+    await admin.start()
+    try:
+        tps = [TopicPartition(topic, p) for p in range(partitions)]
+        try:
+            committed = await admin.list_consumer_group_offsets(group, partitions=tps)
+        except GroupCoordinatorNotAvailableError:
+            return {p: 0 for p in range(partitions)}
+        out = {}
+        for tp in tps:
+            meta = committed.get(tp)
+            out[tp.partition] = meta.offset if meta is not None and meta.offset >= 0 else 0
+        return out
+    finally:
+        await admin.close()
+
+
+async def read_topic(broker: str, topic: str, timeout: float = 60.0) -> list:
+    """Every record of ``topic`` up to its current log end, per partition in offset order."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=broker, enable_auto_commit=False, auto_offset_reset="earliest")
+    await consumer.start()
+    try:
+        tps = await _topic_partitions(consumer, topic)
+        ends = await consumer.end_offsets(tps)
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        records: list = []
+        remaining = {tp for tp in tps if ends[tp] > 0}
+        deadline = time.monotonic() + timeout
+        while remaining:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{topic}: read {len(records)} records, partitions {remaining} not at their end")
+            batch = await consumer.getmany(*remaining, timeout_ms=1000)
+            for tp, got in batch.items():
+                records.extend(r for r in got if r.offset < ends[tp])
+                if got and got[-1].offset >= ends[tp] - 1:
+                    remaining.discard(tp)
+        records.sort(key=lambda r: (r.partition, r.offset))
+        return records
+    finally:
+        await consumer.stop()
+
+
+async def golden_dump(events, base: Path, companies: list[str]) -> dict:
+    """What ``ingest-file`` of ``events`` leaves in fresh SQLite sinks, as :func:`dump` data."""
+    from stepstream.core.wire import encode_event
+    from stepstream.ingest.offline import ingest_file
+
+    base.mkdir(parents=True, exist_ok=True)
+    path = base / "events.jsonl"
+    path.write_bytes(b"".join(encode_event(e) + b"\n" for e in events))
+    url = f"sqlite:///{base / 'golden.db'}"
+    report = await ingest_file(path, url, url, progress=False)
+    assert report.rejected == 0 and report.events == len(events), report
+    return await dump(url, url, companies)
+
+
+async def run_states(steps_url: str, runs: dict[str, list[str]]) -> dict[tuple[str, str], int]:
+    """``last_seq`` of every stored run state among ``runs`` (company -> run ids)."""
+    steps = await open_step_store(steps_url)
+    try:
+        out = {}
+        for company, run_ids in runs.items():
+            for run_id, state in (await steps.load_states(company, run_ids)).items():
+                out[(company, run_id)] = state.last_seq
+        return out
+    finally:
+        await steps.close()
+
+
+class StateWatch:
+    """Polls the step store's run states (through the port) while a test runs and
+    records every run whose ``last_seq`` ever moved backwards between two polls."""
+
+    def __init__(self, steps_url: str, runs: dict[str, list[str]], interval: float = 0.1) -> None:
+        self.steps_url = steps_url
+        self.runs = runs
+        self.interval = interval
+        self.latest: dict[tuple[str, str], int] = {}
+        self.regressions: list[tuple[str, str, int, int]] = []  # company, run, before, after
+        self.polls = 0
+        self._task: asyncio.Task | None = None
+
+    async def _loop(self) -> None:
+        steps = await open_step_store(self.steps_url)
+        try:
+            while True:
+                for company, run_ids in self.runs.items():
+                    for run_id, state in (await steps.load_states(company, run_ids)).items():
+                        key = (company, run_id)
+                        before = self.latest.get(key, -1)
+                        if state.last_seq < before:
+                            self.regressions.append((company, run_id, before, state.last_seq))
+                        self.latest[key] = state.last_seq
+                self.polls += 1
+                await asyncio.sleep(self.interval)
+        finally:
+            await steps.close()
+
+    def start(self) -> StateWatch:
+        self._task = asyncio.ensure_future(self._loop())
+        return self
+
+    async def stop(self) -> None:
+        task = self._task
+        if task is None:
+            return
+        if task.done():
+            task.result()  # a poll that failed fails the test
+            return
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            pass
+
+
+async def wait_for(predicate, timeout: float, what: str, interval: float = 0.2):
+    """Poll ``predicate`` (sync or async) until it returns a truthy value; return it."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if asyncio.iscoroutine(value):
+            value = await value
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(interval)
+
+
+async def sink_watermarks(broker: str, topic: str, steps_url: str) -> dict[int, int]:
+    """The durable watermark per partition as the sinks show it: the offset of the first
+    event not reflected in its run's stored state (``last_seq`` below its ``seq``), or
+    the log end. Messages that do not decode (dead letters) count as reflected."""
+    from stepstream.core.wire import decode_event
+    from stepstream.errors import WireError
+
+    records = await read_topic(broker, topic)
+    ends = await end_offsets(broker, topic)
+    events = []
+    runs: dict[str, set[str]] = {}
+    for record in records:
+        try:
+            event = decode_event(record.value if record.value is not None else b"")
+        except WireError:
+            continue
+        events.append((record, event))
+        runs.setdefault(event.company_id, set()).add(event.run_id)
+    states = await run_states(steps_url, {company: sorted(ids) for company, ids in runs.items()})
+    marks = dict(ends)
+    for record, event in events:
+        if states.get((event.company_id, event.run_id), -1) < event.seq and record.offset < marks[record.partition]:
+            marks[record.partition] = record.offset
+    return marks
+
+
+async def explain_lag(scenario: Scenario) -> str:
+    """Per partition: committed offset, log end and the sinks' durable watermark."""
+    ends = await end_offsets(scenario.broker, scenario.topic)
+    committed = await committed_offsets(scenario.broker, scenario.group, scenario.topic, scenario.partitions)
+    marks = await sink_watermarks(scenario.broker, scenario.topic, scenario.steps_url)
+    return "; ".join(
+        f"p{p}: committed {committed[p]}, end {ends[p]}, first event not in the sinks {marks[p]}" for p in sorted(ends)
+    )

@@ -1,0 +1,321 @@
+"""The worker under store faults, on the real broker (issue 8).
+
+Stores are wrapped by the fault injector (``stepstream.sinks.faults``) through
+``STEPSTREAM_FAULT_PLAN``; a test changes the faults of a running worker by replacing
+the plan file, and reads ``<plan>.log`` to know that they really happened. Every test
+ends with the sinks compared record for record with ``ingest-file`` of the same corpus.
+
+* random retriable faults, writes that land but report failure and short hangs, with
+  SIGKILLs and a second worker joining and leaving: converges, no partition stalls;
+* a store away for ~5 s: ``/ready`` is 503 meanwhile, 200 afterwards, same process;
+* a non-retriable store error: the worker exits non-zero by itself; a restart converges;
+* a zombie: a worker paused (SIGSTOP) past its session timeout while its batch write is
+  pending, resumed after another worker took over: no run state ever moves backwards;
+* SIGTERM while a batch write is pending: exit 0, and the committed offset of every
+  partition is exactly its durable watermark as read back from the sinks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+
+import pytest
+
+from harness import (
+    Scenario,
+    StateWatch,
+    committed_offsets,
+    dump,
+    end_offsets,
+    explain_lag,
+    first_difference,
+    golden_dump,
+    sink_watermarks,
+    wait_caught_up,
+    wait_for,
+)
+from stepstream.emitter.corpus import generate_events
+from stepstream.sinks.faults import read_log, write_plan
+
+pytestmark = pytest.mark.integration
+
+PARTITIONS = 4
+RUNS = 100
+COMPANIES = 4
+# A short session timeout for every worker here: a worker that crashed (SIGKILL, exit 70)
+# is only replaced once the group coordinator stops waiting for it, which with the 60 s
+# default makes every restart cost a minute. The broker allows 1 s and up
+# (deploy/kafka/server.properties.in).
+SESSION_TIMEOUT = 4.0
+
+
+@pytest.fixture(scope="module")
+def corpus():
+    events = generate_events(20261130, runs=RUNS, companies=COMPANIES)
+    companies = sorted({e.company_id for e in events})
+    return events, companies
+
+
+@pytest.fixture(scope="module")
+def golden(corpus, tmp_path_factory):
+    events, companies = corpus
+    data = asyncio.run(golden_dump(events, tmp_path_factory.mktemp("golden"), companies))
+    assert len(data) == RUNS
+    return data
+
+
+class FaultScenario(Scenario):
+    def start_worker(self, name: str = "w", **env: str):
+        env.setdefault("STEPSTREAM_SESSION_TIMEOUT_SECONDS", str(SESSION_TIMEOUT))
+        return super().start_worker(name, **env)
+
+
+@pytest.fixture
+def scenario(kafka_bootstrap, tmp_path):
+    s = FaultScenario(kafka_bootstrap, tmp_path, PARTITIONS)
+    yield s
+    for w in s.workers:
+        w.resume()  # a paused worker would ignore SIGTERM
+    s.stop_all()
+
+
+def runs_of(events) -> dict[str, list[str]]:
+    runs: dict[str, dict[str, None]] = {}
+    for e in events:
+        runs.setdefault(e.company_id, {})[e.run_id] = None
+    return {company: list(ids) for company, ids in runs.items()}
+
+
+async def assert_golden(scenario: Scenario, companies: list[str], golden: dict) -> None:
+    got = await dump(scenario.steps_url, scenario.deep_url, companies)
+    assert got == golden, first_difference(golden, got)
+
+
+# -- (a) random faults, kills, a second worker -------------------------------------------
+
+RANDOM_FAULTS = [
+    {"op": "write", "action": "fail", "probability": 0.25},
+    {"op": "write", "action": "fail_after", "probability": 0.12},
+    {"op": "load_states", "action": "fail", "probability": 0.1},
+    {"action": "hang", "seconds": 0.4, "probability": 0.05},
+]
+
+
+async def _random_faults(scenario: Scenario, events, companies, golden, *, slices: int, seed: int) -> None:
+    await scenario.create_topics()
+    plan = scenario.tmp / "faults.json"
+    write_plan(plan, {"seed": seed, "rules": RANDOM_FAULTS})
+    env = {"STEPSTREAM_FAULT_PLAN": str(plan)}
+    rng = random.Random(seed)
+    chunk = len(events) // slices + 1
+    kills = 0
+    main = scenario.start_worker(name="m0", **env)
+    second = None
+    second_left = 0
+    for i, start in enumerate(range(0, len(events), chunk)):
+        await scenario.produce(events[start : start + chunk])
+        await asyncio.sleep(rng.uniform(0.5, 2.0))
+        if second is None and i % 4 == 1:
+            second = scenario.start_worker(name=f"x{i}", **env)  # joins
+        elif second is not None and i % 4 == 3:
+            if second_left % 2 == 0:
+                second.kill()  # leaves by crashing
+            else:
+                # Leaves cleanly, under faults (once it is up: a SIGTERM during its
+                # imports, before faust handles signals, would just kill it).
+                await asyncio.to_thread(second.wait_web)
+                assert second.stop(timeout=30) == 0, second.tail()
+            second_left += 1
+            second = None
+        if i % 3 == 2:
+            main.kill()
+            kills += 1
+            main = scenario.start_worker(name=f"m{kills}", **env)
+    # Faults stay on to the end: a partition must not stall under them either.
+    try:
+        await wait_caught_up(scenario.broker, scenario.group, scenario.topic, [main], timeout=90)
+    except AssertionError as exc:
+        raise AssertionError(f"{await explain_lag(scenario)}\n{exc}") from None
+    assert main.stop(timeout=30) == 0, main.tail()
+    if second is not None:
+        second.stop()
+    faults = read_log(plan)
+    actions = {e["action"] for e in faults}
+    assert {"fail", "fail_after"} <= actions and len(faults) >= 10, faults
+    assert len({e["pid"] for e in faults}) >= 2, "faults hit only one worker process"
+    assert kills >= 2 and second_left >= 1
+    counts = {a: sum(e["action"] == a for e in faults) for a in sorted(actions)}
+    print(f"random faults: {counts} over {len({e['pid'] for e in faults})} processes, {kills} kills of the main worker")
+    await assert_golden(scenario, companies, golden)
+
+
+async def test_random_store_faults_with_kills_and_a_second_worker_converge(scenario, corpus, golden):
+    events, companies = corpus
+    await _random_faults(scenario, events, companies, golden, slices=8, seed=7)
+
+
+@pytest.mark.soak
+async def test_random_store_faults_soak(kafka_bootstrap, tmp_path):
+    events = generate_events(20261131, runs=600, companies=6, duplicates=0.02, redeliveries=3)
+    companies = sorted({e.company_id for e in events})
+    golden = await golden_dump(events, tmp_path / "golden", companies)
+    scenario = FaultScenario(kafka_bootstrap, tmp_path, partitions=6)
+    try:
+        await _random_faults(scenario, events, companies, golden, slices=30, seed=11)
+    finally:
+        scenario.stop_all()
+
+
+# -- (b) a store that is away, then back ----------------------------------------------------
+
+
+async def test_store_away_then_back_ready_503_then_200_and_converges(scenario, corpus, golden):
+    events, companies = corpus
+    await scenario.create_topics()
+    plan = scenario.tmp / "faults.json"
+    write_plan(plan, {"rules": []})
+    worker = scenario.start_worker(STEPSTREAM_FAULT_PLAN=str(plan))
+    half = len(events) // 2
+    await scenario.produce(events[:half])
+    await asyncio.to_thread(worker.wait_web)
+    await wait_for(lambda: worker.ready_status()[0] == 200, 60, "the worker to be ready")
+    pid = worker.pid
+
+    write_plan(plan, {"rules": [{"action": "fail"}]})  # both stores, every call: away
+    away = time.monotonic()
+    producing = asyncio.ensure_future(scenario.produce(events[half:]))
+    during: list[tuple[int, dict]] = []
+    while time.monotonic() - away < 5.0:
+        during.append(await asyncio.to_thread(worker.ready_status))
+        await asyncio.sleep(0.2)
+    write_plan(plan, {"rules": []})  # back
+    back = time.monotonic()
+    await producing
+    await wait_for(lambda: worker.ready_status()[0] == 200, 15, "/ready 200 after the store came back")
+    back_in = time.monotonic() - back
+
+    assert any(status == 503 and body.get("stores_writable") is False for status, body in during), during
+    assert len(read_log(plan)) >= 2, "no fault was injected while the store was away"
+    await wait_caught_up(scenario.broker, scenario.group, scenario.topic, [worker], timeout=120)
+    assert worker.alive() and worker.pid == pid, "the worker must ride out a 5 s outage in place"
+    assert worker.ready_status()[0] == 200
+    assert worker.stop(timeout=30) == 0, worker.tail()
+    print(f"store away 5 s: /ready 503 in {sum(s == 503 for s, _ in during)}/{len(during)} polls; 200 again {back_in:.1f}s after")
+    await assert_golden(scenario, companies, golden)
+
+
+# -- (c) a non-retriable store error ----------------------------------------------------
+
+
+async def test_fatal_store_error_exits_non_zero_and_a_restart_converges(scenario, corpus, golden):
+    events, companies = corpus
+    await scenario.create_topics()
+    plan = scenario.tmp / "faults.json"
+    write_plan(plan, {"rules": [{"store": "steps", "op": "write", "action": "fatal", "count": 1}]})
+    worker = scenario.start_worker(name="fatal", STEPSTREAM_FAULT_PLAN=str(plan))
+    await scenario.produce(events)
+    faults = await wait_for(lambda: read_log(plan), 60, "the fatal fault to be injected")
+    rc = await asyncio.to_thread(worker.wait_exit, 60)
+    exited = time.time()
+    assert rc is not None, f"the worker did not exit by itself after a fatal store error:\n{worker.tail()}"
+    assert rc > 0, f"exit status {rc}: expected a non-zero exit of its own (negative: killed by a signal)"
+    assert exited - faults[0]["time"] < 5.0, f"exit took {exited - faults[0]['time']:.1f}s after the fault"
+    assert [e["action"] for e in faults] == ["fatal"]
+
+    again = scenario.start_worker(name="after")  # no fault plan
+    await wait_caught_up(scenario.broker, scenario.group, scenario.topic, [again], timeout=120)
+    assert again.stop(timeout=30) == 0, again.tail()
+    print(f"fatal store error: exit status {rc}, {exited - faults[0]['time']:.2f}s after the fault")
+    await assert_golden(scenario, companies, golden)
+
+
+# -- (d) a zombie -------------------------------------------------------------------------
+
+
+async def test_zombie_paused_past_session_timeout_never_moves_a_run_backwards(scenario, corpus, golden):
+    events, companies = corpus
+    await scenario.create_topics()
+    plan = scenario.tmp / "faults-a.json"
+    write_plan(plan, {"rules": []})
+    a = scenario.start_worker(name="a", STEPSTREAM_FAULT_PLAN=str(plan))
+    third = len(events) // 3
+    await scenario.produce(events[:third])
+    await wait_caught_up(scenario.broker, scenario.group, scenario.topic, [a], timeout=120)
+    await asyncio.sleep(1.5)  # idle tails (1 s in the harness) flushed: part one is durable
+    watch = StateWatch(scenario.steps_url, runs_of(events)).start()
+    try:
+        # A's next step write hangs; A folds part two meanwhile and is paused with it pending.
+        hang = 20.0
+        write_plan(plan, {"rules": [{"store": "steps", "op": "write", "action": "hang", "seconds": hang, "count": 1}]})
+        await scenario.produce(events[third : 2 * third])
+        (began,) = await wait_for(lambda: read_log(plan), 30, "A's write to hang")
+        await asyncio.sleep(0.3)
+        a.pause()
+        paused = time.monotonic()
+        before = dict(watch.latest)
+
+        b = scenario.start_worker(name="b")
+        await scenario.produce(events[2 * third :])
+        await wait_caught_up(scenario.broker, scenario.group, scenario.topic, [b], timeout=120)
+        took_over = time.monotonic() - paused
+        moved = sum(1 for key, seq in watch.latest.items() if seq > before.get(key, -1))
+        assert moved > 0, "B made no progress while A was paused"
+
+        a.resume()
+        # A's hang ends (now, or `hang` s after it began) and its stale batch is written;
+        # then A finds it lost its partitions and rejoins.
+        await asyncio.sleep(max(0.0, began["time"] + hang - time.time()) + 3 * SESSION_TIMEOUT)
+        # A may go on (it rejoins) or stop non-zero; either way B must converge.
+        await wait_caught_up(scenario.broker, scenario.group, scenario.topic, [b], timeout=120)
+        await asyncio.sleep(1.0)
+    finally:
+        await watch.stop()
+    a_rc = a.stop(timeout=30)
+    b_rc = b.stop(timeout=30)
+    print(f"zombie: B caught up {took_over:.1f}s after A paused; {watch.polls} state polls; A exit {a_rc}, B exit {b_rc}")
+    assert watch.polls > 20
+    assert not watch.regressions, f"run states moved backwards (company, run, before, after): {watch.regressions[:10]}"
+    assert b_rc == 0, b.tail()
+    await assert_golden(scenario, companies, golden)
+
+
+# -- (e) SIGTERM with a batch write pending --------------------------------------------
+
+
+async def test_sigterm_mid_batch_exits_0_and_commits_exactly_the_durable_watermark(scenario, corpus, golden):
+    events, companies = corpus
+    await scenario.create_topics()
+    plan = scenario.tmp / "faults.json"
+    write_plan(plan, {"rules": []})
+    worker = scenario.start_worker(STEPSTREAM_FAULT_PLAN=str(plan))
+    half = len(events) // 2
+    await scenario.produce(events[:half])
+    await asyncio.to_thread(worker.wait_web)
+    await wait_for(lambda: worker.metric_sum("stepstream_events_total") > 0, 60, "the worker to process")
+    hang = 3.0
+    write_plan(plan, {"rules": [{"store": "steps", "op": "write", "action": "hang", "seconds": hang, "count": 1}]})
+    await scenario.produce(events[half:])
+    await wait_for(lambda: read_log(plan), 30, "a step write to hang")
+    await asyncio.sleep(0.5)
+    worker.terminate()
+    sent = time.monotonic()
+    rc = await asyncio.to_thread(worker.wait_exit, 60)
+    took = time.monotonic() - sent
+    assert rc == 0, f"exit status {rc} after SIGTERM:\n{worker.tail()}"
+    assert took < hang + 15.0, f"SIGTERM took {took:.1f}s"
+
+    committed = await committed_offsets(scenario.broker, scenario.group, scenario.topic, PARTITIONS)
+    ends = await end_offsets(scenario.broker, scenario.topic)
+    # The durable watermark, read back from the sinks: per partition, the offset of the
+    # first event not reflected in its run's stored state (or the log end).
+    watermark = await sink_watermarks(scenario.broker, scenario.topic, scenario.steps_url)
+    print(f"SIGTERM mid-batch: exit 0 in {took:.1f}s; committed {committed}; watermark {watermark}; ends {ends}")
+    assert committed == watermark, f"committed {committed} != durable watermark {watermark} (log ends {ends})"
+    assert sum(ends.values()) - sum(committed.values()) > 0, "SIGTERM landed after everything was durable"
+
+    again = scenario.start_worker(name="after")
+    await wait_caught_up(scenario.broker, scenario.group, scenario.topic, [again], timeout=120)
+    assert again.stop(timeout=30) == 0, again.tail()
+    await assert_golden(scenario, companies, golden)
