@@ -30,6 +30,8 @@ SOURCE_SHA256_16 = {
     "faust.transport.consumer.Consumer._should_commit": "5ce941793947ad42",
     "faust.transport.consumer.Consumer.commit": "a354437baaa08bf8",
     "faust.transport.consumer.Consumer.on_stop": "45b1d2210ce2b526",
+    "faust.transport.consumer.Consumer.perform_seek": "0e8c130ff4b0afd8",
+    "faust.transport.consumer.Consumer.seek": "b86a9fe05f956b30",
     "faust.transport.drivers.aiokafka.Consumer.verify_event_path": "a17e8f0610e1abcb",
     "faust.transport.drivers.aiokafka.Transport.Consumer": "959f899e8ebfdd56",
     "faust.app.base.App.transport": "faf137f34d512f4e",

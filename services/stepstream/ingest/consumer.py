@@ -33,6 +33,8 @@ FAUST_INTERNALS: tuple[tuple[str, str], ...] = (
     ("faust.transport.consumer.Consumer._filter_committable_offsets", "relied on: calls the two above"),
     ("faust.transport.consumer.Consumer._should_commit", "relied on: commits only forward"),
     ("faust.transport.consumer.Consumer.commit", "called: on revocation"),
+    ("faust.transport.consumer.Consumer.perform_seek", "called: after a fetch that crossed a rebalance"),
+    ("faust.transport.consumer.Consumer.seek", "called: when a fetch does not start where the last one ended"),
     ("faust.transport.consumer.Consumer.on_stop", "relied on: the final commit after our last flush"),
     ("faust.transport.consumer.Consumer._read_offset", "updated: the last offset handed over per partition"),
     ("faust.transport.drivers.aiokafka.Consumer.verify_event_path", "replaced: faust's livelock check reads "
@@ -60,28 +62,60 @@ class BatchConsumer(faust_aiokafka.Consumer):
     handler: Optional[BatchHandler] = None
     ledger: Optional[Ledger] = None
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._gap_tried: dict[Any, int] = {}
+        self._sought: dict[Any, int] = {}
+
     async def _drain_messages(self, fetcher: Any) -> None:  # the fetch loop, replaced
         consumer_should_stop = self._stopped.is_set
         fetcher_should_stop = fetcher._stopped.is_set
         app = self.app
 
-        def fetch() -> tuple[int, asyncio.Future[Any]]:
-            return app.consumer_generation_id, asyncio.ensure_future(self._wait_next_records(1.0))
+        # Our own seeks: records of a partition fetched before it was sought are stale
+        # (the seek reset the position to them or before); all_seeks counts seeks of
+        # every partition at once.
+        sought: dict[Any, int] = self._sought
+        epoch = [0]
+
+        def fetch() -> tuple[int, int, dict[Any, int], asyncio.Future[Any]]:
+            return (
+                app.consumer_generation_id,
+                epoch[0],
+                dict(sought),
+                asyncio.ensure_future(self._wait_next_records(1.0)),
+            )
 
         # One fetch is always in flight while a batch is handled, so the consumer
         # thread unpacks the next records while this thread folds the current ones.
         pending = fetch()
         try:
             while not (consumer_should_stop() or fetcher_should_stop()):
-                generation, future = pending
+                generation, all_seeks, seen, future = pending
                 records, _active = await future
-                pending = fetch()
+                pending = None
                 if not records or self.should_stop:
+                    pending = fetch()
+                    continue
+                if all_seeks != epoch[0]:
+                    pending = fetch()
+                    continue  # fetched before a seek of every partition
+                for tp in [tp for tp in records if sought.get(tp, 0) != seen.get(tp, 0)]:
+                    del records[tp]  # fetched before that partition was sought
+                if self.flow_active and app.consumer_generation_id != generation:
+                    # Fetched across a rebalance after faust sought to the committed
+                    # offsets: the fetch position is past records nobody handled. Seek
+                    # every partition back (the ledger skips what was already delivered).
+                    epoch[0] += 1
+                    await self.perform_seek()
+                    pending = fetch()
                     continue
                 if not self.flow_active or app.consumer_generation_id != generation:
-                    continue  # fetched across a rebalance: re-read from the committed offset
+                    pending = fetch()
+                    continue  # a rebalance is running: faust seeks to committed offsets after it
                 assignment = self.assignment()
-
+                await self._seek_gaps(records)
+                pending = fetch()
                 def current(tp: Any) -> bool:
                     return self.flow_active and app.consumer_generation_id == generation and tp in assignment
 
@@ -101,7 +135,29 @@ class BatchConsumer(faust_aiokafka.Consumer):
                 return
             raise
         finally:
-            pending[1].cancel()
+            if pending is not None:
+                pending[3].cancel()
+
+    async def _seek_gaps(self, records: Records) -> None:
+        """A partition's records must start where its last delivery ended. When they
+        start past it (a fetch was lost), drop them and seek back, once per offset: a
+        gap that comes back at the same place is the log's own (e.g. transaction
+        markers) and is accepted."""
+        ledger = self.ledger
+        if ledger is None:
+            return
+        for tp, batch in list(records.items()):
+            expected = ledger.next_offset(tp)
+            if not batch or expected is None or batch[0].offset <= expected:
+                continue
+            if self._gap_tried.get(tp) == expected:
+                self.log.warning("offsets %s..%s of %s are not in the log; going on", expected, batch[0].offset - 1, tp)
+                continue
+            self._gap_tried[tp] = expected
+            self.log.warning("records of %s start at %s, not %s: seeking back", tp, batch[0].offset, expected)
+            del records[tp]
+            self._sought[tp] = self._sought.get(tp, 0) + 1
+            await self.seek(tp, expected)
 
     def _filter_tps_with_pending_acks(self, topics: Any = None) -> Iterator[Any]:
         ledger = self.ledger

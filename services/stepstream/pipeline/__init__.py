@@ -232,7 +232,7 @@ class Pipeline:
         batches land in order and the folds are never more than one batch ahead of the
         store. Raises :class:`StoreFailed` (from this write or the previous one) when
         the policy gives up: stop the process."""
-        await self.settle()
+        await self.wait_written()
         batch = self._batch
         if not batch.has_rows and not batch.records:
             return
@@ -241,9 +241,9 @@ class Pipeline:
         self._writing = batch
         self._inflight = asyncio.ensure_future(self._write(batch, sealed))
         if wait:
-            await self.settle()
+            await self.wait_written()
 
-    async def settle(self) -> None:
+    async def wait_written(self) -> None:
         """Wait for the write in flight, if any (raises what it raised)."""
         task = self._inflight
         if task is not None:
@@ -304,7 +304,7 @@ class Pipeline:
         """Periodic work: flush idle tails and too-old holds, drop idle folds, then
         write a due batch."""
         if self._inflight is not None and self._inflight.done():
-            await self.settle()  # surfaces a write that failed in the background
+            await self.wait_written()  # surfaces a write that failed in the background
         now = self._clock()
         tails = self.folds.tails
         if tails and now >= self._next_idle_check:
