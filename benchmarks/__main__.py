@@ -22,11 +22,13 @@ def main() -> int:
     print("== engine (decode + fold vs msgspec decode alone) ==", flush=True)
     bench_engine.main(["--runs", "100", "--rounds", "2", "--open-runs", "2000"] if args.quick else [])
     print("\n== sinks (SQLite / MongoDB vs bare driver) ==", flush=True)
-    bench_sinks.main((["--mongo", args.mongo] if args.mongo else []) + (["--batches", "10", "--rounds", "1"] if args.quick else []))
+    quick_sinks = ["--batches", "10", "--rounds", "1", "--mongo-batches", "2"] if args.quick else []
+    bench_sinks.main((["--mongo", args.mongo] if args.mongo else []) + quick_sinks)
     if args.broker:
-        print("\n== worker (end to end on the real broker) ==", flush=True)
-        quick = ["--events", "20000", "--latency-seconds", "3", "--open-runs", "1000"] if args.quick else []
-        bench_worker.main(["--broker", args.broker, *quick])
+        print("\n== worker (end to end on the real broker: two corpora, three sinks, their ceilings) ==", flush=True)
+        bench_worker.main(
+            ["--broker", args.broker, *(["--mongo", args.mongo] if args.mongo else []), *(["--quick"] if args.quick else [])]
+        )
     else:
         print("\n(worker benchmark skipped: no --broker / STEPSTREAM_TEST_BROKER; `make bench` starts one)", file=sys.stderr)
     return 0

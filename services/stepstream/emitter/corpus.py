@@ -22,6 +22,10 @@ while the deep companions keep every one.
 ``duplicates`` re-delivers that fraction of events a little later (same ``seq``
 and ``event_id``); ``redeliveries`` re-inserts that many windows of recent events,
 as a consumer restart would.
+
+:func:`generate_many_runs` is the other shape: many agents, each ending its run and
+starting the next, so a worker sees thousands of distinct short runs (a few events
+each, always ``run_start`` to ``run_end``) and few events per run.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ from typing import Any
 
 from stepstream.core import wire
 
-__all__ = ["CANARY", "DEFAULT_START", "generate_events"]
+__all__ = ["CANARY", "DEFAULT_START", "generate_events", "generate_many_runs"]
 
 CANARY = "S3CR3T"
 DEFAULT_START = datetime(2026, 11, 29, 9, 0, 0, tzinfo=timezone.utc)
@@ -290,4 +294,70 @@ def _sprinkle(rng: random.Random, events: list[wire.Event], rate: float) -> list
             later.setdefault(i + rng.randint(1, 50), []).append(event)
     for i in sorted(later):
         out.extend(later[i])
+    return out
+
+
+def _short_script(g: _Gen, *, failure_rate: float) -> Iterator[Any]:
+    """The payloads of one short run: start, one LLM call with a short thinking burst
+    (85% of runs, 1-8 deltas), at most one tool call with a list output, end."""
+    rng = g.rng
+    yield wire.RunStartPayload(agent_name=rng.choice(_AGENTS), environment=rng.choice(_ENVS))
+    provider, model = rng.choice(_MODELS)
+    messages = [{"role": "user", "content": g.text(10, 120)}]
+    yield wire.LlmRequestPayload(call_id="llm-0", provider=provider, model=model, input=messages, params={})
+    if rng.random() < 0.85:
+        for _ in range(rng.randint(1, 8)):
+            yield wire.ThinkingDeltaPayload(text=g.text(5, 80))
+    usage = wire.Usage(input_tokens=rng.randint(50, 2000), output_tokens=rng.randint(10, 400))
+    output = {"role": "assistant", "content": g.text(10, 200)}
+    yield wire.LlmResponsePayload(call_id="llm-0", output=output, usage=usage, stop_reason="tool_use")
+    if rng.random() < 0.7:
+        tool, arguments = g.tool_call(0)
+        yield wire.ToolCallPayload(call_id="call-0", tool=tool, arguments=arguments)
+        rows = [{"id": i, "name": g.text(3, 20)} for i in range(rng.randint(1, 12))]
+        yield wire.ToolResultPayload(call_id="call-0", output=rows, is_error=False)
+    if rng.random() < failure_rate:
+        yield wire.RunEndPayload(status="failed", failure=rng.choice(_FAILURES))
+    else:
+        yield wire.RunEndPayload(status="completed")
+
+
+def generate_many_runs(
+    seed: int,
+    runs: int = 16_000,
+    companies: int = 8,
+    *,
+    agents: int = 400,
+    failure_rate: float = 0.1,
+    start: datetime = DEFAULT_START,
+) -> list[wire.Event]:
+    """``runs`` distinct short runs (about 9 events each) over ``companies``
+    companies, from ``agents`` agents emitting at once: when an agent's run ends it
+    starts the next, so runs keep ending and starting for the whole corpus. Events
+    are interleaved as in :func:`generate_events`; run ids are unique; the same
+    arguments always give the same events."""
+    rng = random.Random(seed)
+    g = _Gen(rng)
+    company_ids = [f"co-{i:02d}" for i in range(companies)]
+    started = 0
+    active: list[list[Any]] = []  # [company, run_id, script, next_seq]
+    clock = start
+    out: list[wire.Event] = []
+    while started < runs or active:
+        while started < runs and len(active) < agents:
+            run_id = f"short-{seed % 100000}.{started:06d}:{g.alnum(6)}"
+            active.append([company_ids[started % companies], run_id, _short_script(g, failure_rate=failure_rate), 0])
+            started += 1
+        slot = active[rng.randrange(len(active))]
+        payload = next(slot[2], None)
+        if payload is None:
+            active.remove(slot)
+            continue
+        clock += timedelta(microseconds=rng.randint(10, 2_000))
+        event_id = str(uuid.UUID(int=rng.getrandbits(128), version=4))
+        cls = _EVENT_OF[type(payload)]
+        out.append(
+            cls(v=1, event_id=event_id, company_id=slot[0], run_id=slot[1], seq=slot[3], ts=clock, payload=payload)
+        )
+        slot[3] += 1
     return out
