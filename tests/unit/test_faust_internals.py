@@ -40,6 +40,9 @@ SOURCE_SHA256_16 = {
 }
 # Instance attributes: checked by where faust assigns them.
 ASSIGNED_IN = {
+    "faust.transport.consumer.Consumer._committed_offset": (
+        "faust.transport.consumer.Consumer.perform_seek", "self._committed_offset.update(committed_offsets)"
+    ),
     "faust.transport.consumer.Consumer._read_offset": ("faust.transport.consumer.Consumer.__init__", "self._read_offset ="),
     "faust.app.base.App.consumer_generation_id": (
         "faust.transport.drivers.aiokafka.ConsumerRebalanceListener.on_partitions_assigned",

@@ -122,17 +122,24 @@ class IngestWorker:
 
     # -- records ----------------------------------------------------------------
 
-    async def on_records(self, records: Records, current: Any) -> None:
-        """One fetch: every partition's records, in offset order per partition."""
+    async def on_records(self, records: Records, current: Any) -> bool:
+        """One fetch: every partition's records, in offset order per partition. Returns
+        whether some were left undelivered (a rebalance began meanwhile)."""
+        skipped = False
         async with self.lock:
             if self.closed or self.pipeline is None:
-                return
+                return False
             try:
                 for tp, batch in records.items():
-                    if batch and current(tp):
+                    if not batch:
+                        continue
+                    if current(tp):
                         await self._deliver(tp, batch)
+                    else:
+                        skipped = True
             except StoreFailed as exc:
                 die("the stores failed", exc)
+        return skipped
 
     async def _deliver(self, tp: Any, records: list[Any]) -> None:
         pipeline = self.pipeline
@@ -220,6 +227,7 @@ class IngestWorker:
                 await self.pipeline.flush()
             except StoreFailed as exc:
                 die("the stores failed", exc)
+            log.info("revoked %s at watermarks %s", tps, {str(tp): self.ledger.watermark(tp) for tp in tps})
             try:
                 await asyncio.wait_for(consumer.commit(set(tps)), timeout=5.0)
             except Exception as exc:  # noqa: BLE001 - the next owner re-reads from the last commit

@@ -36,6 +36,7 @@ FAUST_INTERNALS: tuple[tuple[str, str], ...] = (
     ("faust.transport.consumer.Consumer.perform_seek", "called: after a fetch that crossed a rebalance"),
     ("faust.transport.consumer.Consumer.seek", "called: when a fetch does not start where the last one ended"),
     ("faust.transport.consumer.Consumer.on_stop", "relied on: the final commit after our last flush"),
+    ("faust.transport.consumer.Consumer._committed_offset", "read: partitions with no commit yet"),
     ("faust.transport.consumer.Consumer._read_offset", "updated: the last offset handed over per partition"),
     ("faust.transport.drivers.aiokafka.Consumer.verify_event_path", "replaced: faust's livelock check reads "
      "per-message stream sensors that this path no longer feeds"),
@@ -47,7 +48,8 @@ FAUST_INTERNALS: tuple[tuple[str, str], ...] = (
 )
 
 Records = dict[Any, list[Any]]
-BatchHandler = Callable[[Records, Callable[[Any], bool]], Awaitable[None]]
+# Returns whether it left some partition's records undelivered.
+BatchHandler = Callable[[Records, Callable[[Any], bool]], Awaitable[bool]]
 
 
 class BatchConsumer(faust_aiokafka.Consumer):
@@ -66,6 +68,7 @@ class BatchConsumer(faust_aiokafka.Consumer):
         super().__init__(*args, **kwargs)
         self._gap_tried: dict[Any, int] = {}
         self._sought: dict[Any, int] = {}
+        self._reseek = False
 
     async def _drain_messages(self, fetcher: Any) -> None:  # the fetch loop, replaced
         consumer_should_stop = self._stopped.is_set
@@ -94,7 +97,18 @@ class BatchConsumer(faust_aiokafka.Consumer):
                 generation, all_seeks, seen, future = pending
                 records, _active = await future
                 pending = None
-                if not records or self.should_stop:
+                if self.should_stop:
+                    pending = fetch()
+                    continue
+                if self._reseek and self.flow_active and app.consumer_generation_id == generation:
+                    # Every partition back to its committed offset; the ledger skips what
+                    # this worker already delivered. Records fetched before are dropped.
+                    self._reseek = False
+                    epoch[0] += 1
+                    await self._seek_all_to_committed()
+                    pending = fetch()
+                    continue
+                if not records:
                     pending = fetch()
                     continue
                 if all_seeks != epoch[0]:
@@ -102,27 +116,25 @@ class BatchConsumer(faust_aiokafka.Consumer):
                     continue  # fetched before a seek of every partition
                 for tp in [tp for tp in records if sought.get(tp, 0) != seen.get(tp, 0)]:
                     del records[tp]  # fetched before that partition was sought
-                if self.flow_active and app.consumer_generation_id != generation:
-                    # Fetched across a rebalance after faust sought to the committed
-                    # offsets: the fetch position is past records nobody handled. Seek
-                    # every partition back (the ledger skips what was already delivered).
-                    epoch[0] += 1
-                    await self.perform_seek()
+                if not self.flow_active or app.consumer_generation_id != generation:
+                    # Fetched across a rebalance: these records are dropped, and faust's
+                    # own seek to the committed offsets may already have happened (a
+                    # fetch can complete after it). Seek again once the flow is back.
+                    self._reseek = True
                     pending = fetch()
                     continue
-                if not self.flow_active or app.consumer_generation_id != generation:
-                    pending = fetch()
-                    continue  # a rebalance is running: faust seeks to committed offsets after it
                 assignment = self.assignment()
                 await self._seek_gaps(records)
                 pending = fetch()
+
                 def current(tp: Any) -> bool:
                     return self.flow_active and app.consumer_generation_id == generation and tp in assignment
 
                 assert self.handler is not None, "BatchConsumer.handler is not set"
                 # Shielded: a stop (SIGTERM) waits for the batch in hand instead of
                 # cutting a store write in half; nothing new starts after it.
-                await asyncio.shield(self.handler(records, current))
+                if await asyncio.shield(self.handler(records, current)):
+                    self._reseek = True  # it left records undelivered (a rebalance began)
                 for tp, batch in records.items():
                     if batch:
                         self._read_offset[tp] = batch[-1].offset
@@ -138,8 +150,18 @@ class BatchConsumer(faust_aiokafka.Consumer):
             if pending is not None:
                 pending[3].cancel()
 
+    async def _seek_all_to_committed(self) -> None:
+        """Every assigned partition back to its committed offset, and one that has none
+        yet back to its start (``perform_seek`` leaves those where the last fetch ended)."""
+        await self.perform_seek()
+        for tp in self.assignment():
+            if not self._committed_offset.get(tp):
+                await self.seek(tp, 0)
+        self.log.info("sought every partition back to its committed offset")
+
     async def _seek_gaps(self, records: Records) -> None:
-        """A partition's records must start where its last delivery ended. When they
+        """A partition's records must start where its last delivery ended (or at its
+        committed offset, the first time). When they
         start past it (a fetch was lost), drop them and seek back, once per offset: a
         gap that comes back at the same place is the log's own (e.g. transaction
         markers) and is accepted."""
@@ -147,7 +169,11 @@ class BatchConsumer(faust_aiokafka.Consumer):
         if ledger is None:
             return
         for tp, batch in list(records.items()):
+            # Where this partition's records must start: after the last delivery, or at
+            # the committed offset for a first delivery since the partition was assigned.
             expected = ledger.next_offset(tp)
+            if expected is None:
+                expected = self._committed_offset.get(tp) or None
             if not batch or expected is None or batch[0].offset <= expected:
                 continue
             if self._gap_tried.get(tp) == expected:

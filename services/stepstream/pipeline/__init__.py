@@ -90,7 +90,7 @@ class Pipeline:
         self._staged: dict[RunKey, RunState | None] = {}  # loaded, not yet opened
         self._held_ts: dict[RunKey, list[float]] = {}  # event times of held deltas
         self._batch = RowBatch(clock())
-        self._writing: RowBatch | None = None  # the batch being written, if any
+        self._writing: RowBatch | None = None  # the batch being written, or the last one written
         self._inflight: asyncio.Future[None] | None = None
         self._next_idle_check = 0.0
         self._next_evict = 0.0
@@ -254,12 +254,11 @@ class Pipeline:
                     self._inflight = None
 
     async def _write(self, batch: RowBatch, sealed: Any) -> None:
-        try:
-            if self._before_durable is not None:
-                await self._before_durable()
-            skipped = await self.writer.write(batch) if batch.has_rows else []
-        finally:
-            self._writing = None
+        # ``_writing`` stays this batch until the next flush: a run loaded while it was in
+        # flight skipped the store for it, and must still find its state here afterwards.
+        if self._before_durable is not None:
+            await self._before_durable()
+        skipped = await self.writer.write(batch) if batch.has_rows else []
         if sealed is not None:
             self.ledger.durable(sealed)  # type: ignore[union-attr]
         self._after_write(batch, skipped)
@@ -343,6 +342,8 @@ class Pipeline:
         """Forget the folds and holds of partitions this worker no longer owns (call
         after :meth:`flush`). Returns how many folds went."""
         gone = set(tps)
+        # Another owner may move these runs on: from now on their state comes from the store.
+        self._writing = None
         keys = self.folds.on_partitions(gone)
         for key in keys:
             self.folds.drop(key)
