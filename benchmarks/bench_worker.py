@@ -364,7 +364,12 @@ async def latency_run(args: argparse.Namespace, plan: Plan, corpus: Corpus, rate
             "polls": probe.polls,
             "deltas": msgspec.to_builtins(deltas),
             "others": msgspec.to_builtins(others),
-            "worker_histogram": {"p50": histogram_quantile(text, LAG, 0.5), "p99": histogram_quantile(text, LAG, 0.99)},
+            "worker_histogram": {
+                "p50": histogram_quantile(text, LAG, 0.5),
+                "p99": histogram_quantile(text, LAG, 0.99),
+                "p99_deltas": histogram_quantile(text, LAG, 0.99, kind="thinking_delta"),
+                "p99_others": histogram_quantile(text, LAG, 0.99, kind="other"),
+            },
             "targets": {"deltas": settings.idle_flush_seconds + 1.0, "others": 1.0},
             "pass": deltas.p99 <= settings.idle_flush_seconds + 1.0 and others.p99 <= 1.0,
         }

@@ -1,6 +1,7 @@
 """Event-to-durable latency per event and per event type, read from the SQLite sink.
 
-The worker's ``stepstream_ingest_lag_seconds`` histogram has no type label, and a
+The worker's ``stepstream_ingest_lag_seconds{kind}`` histogram is read beside this
+probe, which measures from outside the worker: a
 thinking delta is durable only when its run's thinking tail is flushed. So the
 benchmark asks the store: the contract of ``RunState.last_seq`` is that every event
 of the run up to it is reflected in the sinks and nothing beyond it, so an event

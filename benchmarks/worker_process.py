@@ -95,14 +95,16 @@ def metric_sum(text: str, name: str) -> float:
     return sum(s.value for fam in text_string_to_metric_families(text) for s in fam.samples if s.name == name)
 
 
-def histogram_quantile(text: str, name: str, q: float) -> float:
-    """Prometheus' histogram_quantile over the cumulative buckets of ``name``."""
-    buckets: list[tuple[float, float]] = []
+def histogram_quantile(text: str, name: str, q: float, **match: str) -> float:
+    """Prometheus' histogram_quantile over the cumulative buckets of ``name``, summed
+    over the series whose labels include ``match`` (all series by default)."""
+    by_le: dict[float, float] = {}
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:
-            if s.name == name + "_bucket":
-                buckets.append((float(s.labels["le"]), s.value))
-    buckets.sort()
+            if s.name == name + "_bucket" and all(s.labels.get(k) == v for k, v in match.items()):
+                le = float(s.labels["le"])
+                by_le[le] = by_le.get(le, 0.0) + s.value
+    buckets = sorted(by_le.items())
     if not buckets or buckets[-1][1] == 0:
         return float("nan")
     rank = q * buckets[-1][1]
