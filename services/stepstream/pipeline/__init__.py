@@ -307,8 +307,9 @@ class Pipeline:
         now = self._clock()
         tails = self.folds.tails
         if tails and now >= self._next_idle_check:
-            # Idle tails are checked a few times per idle period, not on every tick.
-            self._next_idle_check = now + self._limits.idle_seconds / 4
+            # Idle tails are checked every 250 ms (or 4 times per idle period), not every tick,
+            # so a tail is flushed at most 250 ms after it turned idle.
+            self._next_idle_check = now + min(self._limits.idle_seconds / 4, 0.25)
             for key in list(tails):
                 entry = self.folds.get(key)
                 if entry is None:
