@@ -77,9 +77,6 @@ class Ledger:
         if floor is None or offset < floor:
             self._open[tp] = offset
 
-    def holding(self, key: RunKey) -> bool:
-        return key in self._hold_tp
-
     # -- batches ----------------------------------------------------------------
 
     def seal(self) -> Sealed:

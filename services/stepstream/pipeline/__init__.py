@@ -207,14 +207,11 @@ class Pipeline:
     def _evict_least_recent(self, now: float) -> None:
         """Make room for one fold: drop the least recently used (flushing its tail
         into the open batch first, so its state there is the one a reload uses)."""
-        excess = len(self.folds) - self._max_open_runs + 1
-        for key, entry in self.folds.least_recent():
-            if excess <= 0:
-                break
+        while self.folds and len(self.folds) >= self._max_open_runs:
+            key, entry = self.folds.least_recent()
             if entry.fold.pending:
                 self._flush_tail(key, "evict", now)
             self.folds.drop(key)
-            excess -= 1
             if self._metrics is not None:
                 self._metrics.evicted_runs.labels("capacity").inc()
 
@@ -295,7 +292,7 @@ class Pipeline:
                 for ts in times:
                     observe(max(0.0, wall - ts))
         m.open_runs.set(len(self.folds))
-        m.pending_events.set(sum(len(v) for v in self._held_ts.values()))
+        m.pending_events.set(self.held)
         if self.ledger is not None:
             m.held_age.set(self.ledger.oldest_hold_age(self._clock()))
 

@@ -61,9 +61,10 @@ class FoldCache:
         self.tails.discard(key)
         return self._entries.pop(key, None)
 
-    def least_recent(self) -> Iterator[tuple[RunKey, Entry]]:
-        """Entries oldest-touched first (a snapshot: dropping while iterating is fine)."""
-        return iter(list(self._entries.items()))
+    def least_recent(self) -> tuple[RunKey, Entry]:
+        """The entry touched longest ago (the cache must not be empty)."""
+        key = next(iter(self._entries))
+        return key, self._entries[key]
 
     def idle_since(self, cutoff: float) -> Iterator[RunKey]:
         """Runs not touched since ``cutoff`` and holding no tail, oldest first."""
