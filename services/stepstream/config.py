@@ -31,7 +31,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     web_host: str = "127.0.0.1"
     web_port: int = 6066
     # Batching: a batch is written when it holds this many records or is this old.
-    batch_records: int = 2000
+    batch_records: int = 5000
     batch_seconds: float = 0.05
     idle_flush_seconds: float = 5.0
     # The oldest consumed-but-not-durable message of a partition is at most this old:

@@ -9,6 +9,8 @@ from datetime import datetime, timedelta, timezone
 
 import msgspec
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from stepstream.core.fold import Limits
 from stepstream.core.wire import (
@@ -287,3 +289,66 @@ async def test_an_exception_that_is_not_a_sink_error_is_fatal():
     with pytest.raises(StoreFailed, match="OverflowError"):
         await pipe.flush()
     assert feed.watermark == 0
+
+
+async def _eager_reference(events) -> tuple[MemoryStepStore, MemoryDeepStore]:
+    """The rows of the plain fold: one eager ``RunFold`` per run (a copy of its state
+    per event), every output in one batch, tails flushed at the end."""
+    from stepstream.core.fold import RunFold
+    from stepstream.pipeline.batch import RowBatch
+
+    folds: dict = {}
+    batch = RowBatch()
+    for e in events:
+        fold = folds.setdefault((e.company_id, e.run_id), RunFold(e.company_id, e.run_id))
+        assert not fold.lazy
+        out = fold.push(e, 0.0)
+        if out is not None:
+            batch.add(out)
+    for fold in folds.values():
+        out = fold.flush("close")
+        if out is not None:
+            batch.add(out)
+    steps, deep = MemoryStepStore(), MemoryDeepStore()
+    await deep.write(batch.deeps)
+    await steps.write(list(batch.steps.values()), list(batch.runs.values()), list(batch.states.values()))
+    return steps, deep
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow], print_blob=True)
+@given(
+    seed=st.integers(0, 2**16),
+    batch_records=st.integers(3, 200),
+    max_open_runs=st.integers(1, 12),
+    crash_rate=st.sampled_from([0.0, 0.005, 0.03]),
+)
+async def test_lazy_snapshots_write_the_eager_folds_rows_across_batches_evictions_and_crashes(
+    seed, batch_records, max_open_runs, crash_rate
+):
+    """The pipeline's folds keep no state copy per event: a batch takes each run's
+    durable state when it is sealed. Whatever the batch size, eviction pressure and
+    crash points (a crash loses memory and replays from the committed watermark), the
+    rows equal the eager fold's."""
+    rng = random.Random(seed)
+    events = _interleave(generate_events(seed, runs=6, companies=2, turns=2), rng)
+    companies = sorted({e.company_id for e in events})
+    ref_steps, ref_deep = await _eager_reference(events)
+    want = await _dump(ref_steps, ref_deep, companies)
+
+    steps, deep = MemoryStepStore(), MemoryDeepStore()
+
+    def fresh() -> Pipeline:
+        return _pipe(steps, deep, batch_records=batch_records, max_open_runs=max_open_runs)
+
+    pipe = fresh()
+    feed = Feed(pipe)
+    while feed.offset < len(events):
+        await feed.push(events[feed.offset])
+        if rng.random() < crash_rate:
+            await pipe.wait_written()  # what was written is durable; the open batch is lost
+            committed = feed.watermark
+            pipe = fresh()
+            feed = Feed(pipe)
+            feed.offset = 0 if committed is None else committed
+    await pipe.drain()
+    assert await _dump(steps, deep, companies) == want

@@ -47,3 +47,13 @@ MOMENTS = st.datetimes(min_value=datetime(1000, 1, 1), max_value=datetime(9000, 
 def test_format_round_trips_and_sorts_as_text(a, b):
     assert parse_ts(format_ts(a)) == a
     assert (format_ts(a) < format_ts(b)) == (a < b)
+
+
+@settings(deadline=None, print_blob=True)
+@given(st.datetimes(min_value=datetime(1970, 1, 1), max_value=datetime(9999, 12, 29), timezones=ZONES))
+def test_format_ts_fast_path_writes_the_isoformat_text(t):
+    # format_ts takes msgspec's encoder for UTC times with a fraction; every path
+    # must write what isoformat writes, fixed width.
+    utc = t.astimezone(timezone.utc)
+    assert format_ts(t) == utc.isoformat(timespec="microseconds")[:-6] + "Z"
+    assert len(format_ts(t)) == 27

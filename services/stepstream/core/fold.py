@@ -135,11 +135,21 @@ class RunFold:
         "company_id", "run_id", "limits", "stale", "_last_seq", "_next", "_open", "_run",
         "_dirty", "_max_ts", "_max_ts_str", "_th_ord", "_th_chars", "_th_clipped",
         "_th_started", "_pending", "_tail", "_tail_chars", "_tail_bytes", "_tail_deltas", "_delta_now",
-        "_max_steps", "_flush_bytes", "_flush_deltas", "_max_seq_jump",
+        "_max_steps", "_flush_bytes", "_flush_deltas", "_max_seq_jump", "lazy", "_clean",
     )  # fmt: skip
 
-    def __init__(self, company_id: str, run_id: str, state: RunState | None = None, limits: Limits = Limits()):
+    def __init__(
+        self,
+        company_id: str,
+        run_id: str,
+        state: RunState | None = None,
+        limits: Limits = Limits(),
+        *,
+        lazy: bool = False,
+    ):
         self.company_id = sys.intern(company_id)  # shared by every run of a company
+        self.lazy = lazy
+        self._clean: RunState | None = None  # lazy only: the last clean state, kept while a tail is pending
         self.run_id = run_id
         self.limits = limits
         self._max_steps = limits.max_steps
@@ -213,6 +223,9 @@ class RunFold:
         if outside:
             raise WireError("out_of_range", f"Expected a time {WINDOW} (in UTC) - at `$.ts`")
         # Nothing below raises: every time it formats is in the window, and its sums saturate.
+        if self.lazy and not self._pending and self._clean is None and type(event) is _ThinkingDelta:
+            # This delta may start a tail: keep the clean state it leaves behind.
+            self._clean = self._snapshot(self._run_copy())
         self._last_seq = seq
         if seq != last + 1:
             self._run.seq_gaps += 1
@@ -293,8 +306,27 @@ class RunFold:
             run=run,
         )
 
+    def durable_state(self) -> RunState:
+        """The state as of the last clean point (no pending tail): what a batch holding
+        this lazy fold's rows writes. See :meth:`_finish`."""
+        clean = self._clean
+        if clean is None:
+            clean = self._clean = self._snapshot(self._run_copy())
+            assert not self._pending
+        return clean
+
     def _finish(self, out: Output) -> Output:
         if not self._pending:
+            if self.lazy:
+                # No copies per event: the batch keeps this fold and takes
+                # durable_state() when it is sealed (every later change either ends
+                # clean again or is a pending tail, which keeps _clean).
+                self._clean = None
+                if self._dirty:
+                    out.run = self  # type: ignore[assignment]
+                    self._dirty = False
+                out.state = self  # type: ignore[assignment]
+                return out
             run = self._run_copy()
             if self._dirty:
                 out.run = run

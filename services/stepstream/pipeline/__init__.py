@@ -36,7 +36,7 @@ import time
 from collections.abc import Awaitable, Callable, Hashable, Iterable
 from typing import Any
 
-from stepstream.core.fold import Limits, Output
+from stepstream.core.fold import Limits, Output, RunFold
 from stepstream.core.records import RunState
 from stepstream.core.wire import Event
 from stepstream.ingest.ledger import Ledger
@@ -163,6 +163,8 @@ class Pipeline:
     def _pending_state(self, key: RunKey) -> Any:
         """The run's state in a batch not yet durable (newer than the store's)."""
         state = self._batch.states.get(key, _MISSING)
+        if type(state) is RunFold:
+            return state.durable_state()
         if state is _MISSING and self._writing is not None:
             state = self._writing.states.get(key, _MISSING)
         return state
@@ -234,6 +236,7 @@ class Pipeline:
         if not batch.has_rows and not batch.records:
             return
         self._batch = RowBatch(self._clock())
+        batch.seal()
         sealed = self.ledger.seal() if self.ledger is not None else None
         self._writing = batch
         self._inflight = asyncio.ensure_future(self._write(batch, sealed))

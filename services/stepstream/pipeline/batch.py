@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from stepstream.core.fold import Output
+from stepstream.core.fold import Output, RunFold
 from stepstream.core.merge import can_merge_deep, merge_deep, merge_step
 from stepstream.core.records import DeepRecord, RunRecord, RunState, StepRecord
 
@@ -58,7 +58,24 @@ class RowBatch:
             self.add_step(step)
         for deep in out.deeps:
             self.add_deep(deep)
+        # A lazy fold (see ``RunFold.durable_state``) gives itself as run and state:
+        # :meth:`seal` takes its durable state once, when the batch is sealed.
         if out.run is not None:
             self.runs[(out.run.company_id, out.run.run_id)] = out.run
         if out.state is not None:
             self.states[(out.state.company_id, out.state.run_id)] = out.state
+
+    def seal(self) -> RowBatch:
+        """Replace every lazy fold by its durable state (and run record); call before
+        the folds change again, that is, when the batch is swapped out for writing."""
+        states = self.states
+        for key, value in states.items():
+            if type(value) is RunFold:
+                states[key] = value.durable_state()
+        runs = self.runs
+        for key, value in runs.items():
+            if type(value) is RunFold:
+                run = value.durable_state().run
+                assert run is not None
+                runs[key] = run
+        return self

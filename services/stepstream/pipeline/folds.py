@@ -53,7 +53,7 @@ class FoldCache:
         return self._entries.get(key)
 
     def open(self, key: RunKey, state: RunState | None, tp: Hashable, now: float) -> Entry:
-        entry = Entry(RunFold(key[0], key[1], state, self._limits), tp, now)
+        entry = Entry(RunFold(key[0], key[1], state, self._limits, lazy=True), tp, now)
         self._entries[key] = entry
         return entry
 
