@@ -107,7 +107,8 @@ async def _random_faults(scenario: Scenario, events, companies, golden, *, slice
     await scenario.create_topics()
     plan = scenario.tmp / "faults.json"
     write_plan(plan, {"seed": seed, "rules": RANDOM_FAULTS})
-    env = {"STEPSTREAM_FAULT_PLAN": str(plan)}
+    # Small batches: many writes per worker process, so faults land in every one.
+    env = {"STEPSTREAM_FAULT_PLAN": str(plan), "STEPSTREAM_BATCH_RECORDS": "500"}
     rng = random.Random(seed)
     chunk = len(events) // slices + 1
     kills = 0

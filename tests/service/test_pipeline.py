@@ -352,3 +352,35 @@ async def test_lazy_snapshots_write_the_eager_folds_rows_across_batches_eviction
             feed.offset = 0 if committed is None else committed
     await pipe.drain()
     assert await _dump(steps, deep, companies) == want
+
+
+async def test_a_run_that_left_memory_during_a_fetch_is_reloaded_not_refused():
+    """A fetch is loaded once, then applied: a run that ends early in the fetch leaves
+    memory after its batch is written, and two flushes later nothing holds its state.
+    A later event of that run in the same fetch is loaded again (``NotLoaded``), not
+    refused as unfoldable."""
+    from stepstream.pipeline import NotLoaded
+
+    steps, deep = MemoryStepStore(), MemoryDeepStore()
+    pipe = _pipe(steps, deep, batch_records=4)
+    fetch = [
+        _ev(RunStart, RunStartPayload(agent_name="a"), 1, run="x"),
+        _ev(RunEnd, RunEndPayload(status="succeeded"), 2, run="x"),
+        *[_ev(RunStart, RunStartPayload(agent_name="a"), 1, run=f"o{i}") for i in range(12)],
+        _ev(ToolCall, ToolCallPayload(call_id="c", tool="t", arguments={}), 3, run="x"),  # after its end
+    ]
+    await pipe.load((e.company_id, e.run_id) for e in fetch)
+    refused = 0
+    for e in fetch:
+        try:
+            full = pipe.apply(e)
+        except NotLoaded:
+            refused += 1
+            await pipe.load([(e.company_id, e.run_id)])
+            full = pipe.apply(e)
+        if full:
+            await pipe.flush(wait=False)
+    await pipe.drain()
+    assert refused == 1  # the run had left memory and every batch: it was read again
+    assert [s.step_seq for s in await steps.get_steps("acme", "x")] == [0]
+    assert (await steps.load_states("acme", ["x"]))["x"].last_seq == 3

@@ -43,7 +43,7 @@ from stepstream.ingest.consumer import BatchConsumer, BatchTransport, Records
 from stepstream.ingest.lag import LagPoller
 from stepstream.ingest.ledger import Ledger
 from stepstream.metrics import Metrics
-from stepstream.pipeline import Pipeline, StoreFailed
+from stepstream.pipeline import NotLoaded, Pipeline, StoreFailed
 from stepstream.sinks import open_deep_store, open_step_store
 
 log = logging.getLogger(__name__)
@@ -172,10 +172,18 @@ class IngestWorker:
         last = len(good) - 1
         for i, (event, record) in enumerate(good):
             try:
-                full = pipeline.apply(event, tp, record.offset)
+                try:
+                    full = pipeline.apply(event, tp, record.offset)
+                except NotLoaded as missing:
+                    # The run left memory since this fetch was loaded (it ended or was
+                    # evicted, and its batches were written): read its state again.
+                    await pipeline.load((missing.key,))
+                    full = pipeline.apply(event, tp, record.offset)
             except WireError as exc:
                 await self._dead_letter(record, exc.reason, exc.detail)
                 continue
+            except StoreFailed:
+                raise  # from the reload: the store, not the event (on_records exits)
             except Exception as exc:  # noqa: BLE001 - a poison event must not stop the partition
                 log.exception("the fold refused %s/%s@%s", record.topic, record.partition, record.offset)
                 await self._dead_letter(record, "unfoldable", f"the fold raised {type(exc).__name__}")

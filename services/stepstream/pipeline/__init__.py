@@ -46,9 +46,19 @@ from stepstream.pipeline.folds import FoldCache
 from stepstream.pipeline.writer import BatchWriter, StoreFailed
 from stepstream.sinks.ports import DeepStore, StepStore
 
-__all__ = ["Pipeline", "RowBatch", "StoreFailed"]
+__all__ = ["NotLoaded", "Pipeline", "RowBatch", "StoreFailed"]
 
 _MISSING: Any = object()
+
+
+class NotLoaded(RuntimeError):
+    """:meth:`Pipeline.apply` of a run whose state is nowhere in memory: it was never
+    :meth:`~Pipeline.load` ed, or it left memory since (it ended, or was evicted, and
+    the batches that held its state were written). Nothing changed: load it, apply again."""
+
+    def __init__(self, key: RunKey) -> None:
+        super().__init__(f"run {key[0]}/{key[1]} applied before it was loaded")
+        self.key = key
 
 
 class Pipeline:
@@ -153,7 +163,7 @@ class Pipeline:
         if state is _MISSING:
             state = self._staged.pop(key, _MISSING)
             if state is _MISSING:
-                raise RuntimeError(f"run {key[0]}/{key[1]} applied before it was loaded")
+                raise NotLoaded(key)
         else:
             self._staged.pop(key, None)
         if len(self.folds) >= self._max_open_runs:
