@@ -35,7 +35,7 @@ from typing import Any
 import faust
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from stepstream.config import Settings
+from stepstream.config import Settings, faust_broker
 from stepstream.core.fold import Limits
 from stepstream.core.wire import decode_event
 from stepstream.errors import WireError
@@ -267,7 +267,7 @@ def create_app(settings: Settings, metrics: Metrics | None = None) -> faust.App:
     metrics = metrics or Metrics()
     app = StepstreamApp(
         settings.app_id,
-        broker=f"kafka://{settings.broker}",
+        broker=faust_broker(settings.broker),
         key_serializer="raw",
         value_serializer="raw",
         store="memory://",
@@ -352,8 +352,9 @@ def create_app(settings: Settings, metrics: Metrics | None = None) -> faust.App:
 
 
 async def ensure_topics(settings: Settings) -> None:
-    """Create the raw and dead-letter topics with the configured partition count
-    (faust does not create source topics); an existing topic is left as it is."""
+    """Create the raw and dead-letter topics with the configured partition count and
+    replication factor (faust does not create source topics); an existing topic is
+    left as it is."""
     from aiokafka.admin import AIOKafkaAdminClient, NewTopic
     from aiokafka.errors import TopicAlreadyExistsError
 
@@ -362,7 +363,7 @@ async def ensure_topics(settings: Settings) -> None:
     try:
         existing = set(await admin.list_topics())
         wanted = [
-            NewTopic(name, num_partitions=settings.partitions, replication_factor=1)
+            NewTopic(name, num_partitions=settings.partitions, replication_factor=settings.replication_factor)
             for name in (settings.topic, settings.dlq)
             if name not in existing
         ]
