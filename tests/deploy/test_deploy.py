@@ -268,11 +268,16 @@ def test_compose_file_names_the_stack() -> None:
         assert normalize_broker(env["STEPSTREAM_BROKER"]) == "kafka:9092"
         assert env["STEPSTREAM_WEB_HOST"] == "0.0.0.0"
         ports[name] = int(service["command"][service["command"].index("--port") + 1]) if "--port" in service["command"] else int(env["STEPSTREAM_WEB_PORT"])
+    host_ports: list[int] = []
     for service in services.values():
+        for mapping in service.get("ports", []):
+            first, _, last = str(mapping).split(":")[0].partition("-")
+            host_ports.extend(range(int(first), int(last or first) + 1))
         for volume in service.get("volumes", []):
             source = volume.split(":")[0]
             if source.startswith("./"):
                 assert (DEPLOY / source).exists(), f"compose mounts a missing {source}"
+    assert len(host_ports) == len(set(host_ports)), f"host ports overlap: {sorted(host_ports)}"
     scrape = yaml.safe_load((DEPLOY / "prometheus" / "prometheus.yml").read_text())
     targets = {}
     for job in scrape["scrape_configs"]:

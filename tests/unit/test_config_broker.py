@@ -42,3 +42,12 @@ def test_replication_factor_and_partitions_are_settings() -> None:
     assert load_settings(environ={}).replication_factor == 1
     with pytest.raises(ConfigError):
         load_settings({"replication_factor": 0}, environ={})
+
+
+def test_the_worker_app_takes_kafka_urls_and_lists() -> None:
+    from stepstream.ingest.app import create_app
+
+    settings = load_settings({"broker": "kafka://k0:9092;k1:9093", "app_id": "url-test"}, environ={})
+    app = create_app(settings)
+    assert [str(url) for url in app.conf.broker] == ["kafka://k0:9092", "kafka://k1:9093"]
+    assert app.conf.web_bind == settings.web_host
