@@ -25,6 +25,7 @@ from stepstream.core.wire import decode_event
 from stepstream.emitter import Tracer
 from stepstream.emitter.corpus import generate_events
 from stepstream.emitter.demo import run_demo
+from stepstream.ingest.app import ensure_topics
 
 pytestmark = pytest.mark.integration
 
@@ -211,6 +212,43 @@ def test_a_stopped_broker_fills_the_queue_drops_and_counts_never_blocks() -> Non
     assert (stats.failed, stats.pending) == (100, 0)
     run.thinking("after close")  # dropped and counted, never raised into the agent
     assert tracer.dropped == 901
+
+
+def test_a_broker_stopped_mid_run_never_blocks_the_agent(tmp_path: Path) -> None:
+    """A broker of its own (the shared one must stay up): events flow, the broker
+    stops, and the agent's calls still return at once; the queue fills, then drops."""
+    repo = Path(__file__).resolve().parents[2]
+    kafka = [str(repo / "deploy" / "kafka" / "kafka.sh")]
+    data = str(tmp_path / "kafka")
+    up = subprocess.run([*kafka, "up", "--port", "0", "--data", data], capture_output=True, text=True, timeout=180)
+    assert up.returncode == 0, up.stderr[-2000:]
+    bootstrap = up.stdout.strip()
+    try:
+        # The SDK never creates topics (the worker does): an unknown topic fails each send.
+        asyncio.run(ensure_topics(load_settings({"broker": bootstrap, "topic": "sdk-stopped", "partitions": 1}, environ={})))
+        tracer = Tracer(bootstrap, "sdk-stopped", max_queue=100, request_timeout_ms=3000)
+        run = tracer.run("acme", "broker-dies", agent_name="bot")
+        run.start()
+        for i in range(10):
+            run.thinking(f"before {i}")
+        assert tracer.flush(30), tracer.stats()
+        assert tracer.stats().sent == 11
+    finally:
+        down = subprocess.run([*kafka, "down", "--data", data], capture_output=True, text=True, timeout=120)
+    assert down.returncode == 0, down.stderr[-2000:]
+    slowest = 0.0
+    started = time.perf_counter()
+    for i in range(999):
+        t = time.perf_counter()
+        run.thinking(f"after {i}")
+        slowest = max(slowest, time.perf_counter() - t)
+    took = time.perf_counter() - started
+    assert took < 1.0 and slowest < 0.1, f"calls blocked: {took:.3f}s in all, slowest {slowest:.3f}s"
+    stats = tracer.stats()
+    assert (stats.queued, stats.sent, stats.dropped) == (111, 11, 899)
+    assert tracer.close(timeout=1.0) is False
+    stats = tracer.stats()
+    assert (stats.sent, stats.failed, stats.pending) == (11, 100, 0)
 
 
 async def test_demo_sends_through_the_sdk_with_a_kafka_url(kafka_bootstrap: str, tmp_path: Path) -> None:
