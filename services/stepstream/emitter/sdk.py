@@ -257,6 +257,7 @@ class Tracer:
             self._thread = threading.Thread(target=self._thread_main, name="stepstream-tracer", daemon=True)
             self._thread.start()
             _live.add(self)
+        _register_exit_hook()
         self._loop_ready.wait(5.0)
 
     def _thread_main(self) -> None:
@@ -359,13 +360,22 @@ async def _wait(event: asyncio.Event, seconds: float) -> None:
 
 
 _live: weakref.WeakSet[Tracer] = weakref.WeakSet()
+_exit_hook = threading.Lock()
+_exit_hook_registered = False
 
 
-@atexit.register
 def _close_live_tracers() -> None:
-    # Runs before daemon threads are frozen, so each sender can still deliver.
+    # atexit runs before daemon threads are frozen, so each sender can still deliver.
     for tracer in list(_live):
         tracer.close()
+
+
+def _register_exit_hook() -> None:
+    global _exit_hook_registered
+    with _exit_hook:
+        if not _exit_hook_registered:
+            atexit.register(_close_live_tracers)
+            _exit_hook_registered = True
 
 
 def failure_of(exc: BaseException) -> dict[str, str]:
