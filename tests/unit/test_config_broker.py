@@ -51,3 +51,11 @@ def test_the_worker_app_takes_kafka_urls_and_lists() -> None:
     app = create_app(settings)
     assert [str(url) for url in app.conf.broker] == ["kafka://k0:9092", "kafka://k1:9093"]
     assert app.conf.web_bind == settings.web_host
+
+
+def test_settings_built_directly_with_a_kafka_url_still_work() -> None:
+    from stepstream.config import Settings
+    from stepstream.ingest.app import create_app
+
+    app = create_app(Settings(broker="kafka://k0:9092", app_id="direct-url-test"))
+    assert [str(url) for url in app.conf.broker] == ["kafka://k0:9092"]

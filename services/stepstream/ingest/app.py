@@ -35,7 +35,7 @@ from typing import Any
 import faust
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from stepstream.config import Settings, faust_broker
+from stepstream.config import Settings, faust_broker, normalize_broker
 from stepstream.core.fold import Limits
 from stepstream.core.wire import decode_event
 from stepstream.errors import WireError
@@ -298,7 +298,7 @@ def create_app(settings: Settings, metrics: Metrics | None = None) -> faust.App:
     assert isinstance(consumer, BatchConsumer)
     consumer.handler = worker.on_records
     consumer.ledger = worker.ledger
-    poller = LagPoller(settings.broker, settings.app_id, settings.topic, metrics, settings.lag_poll_seconds)
+    poller = LagPoller(normalize_broker(settings.broker), settings.app_id, settings.topic, metrics, settings.lag_poll_seconds)
 
     @app.task
     async def flush_batches() -> None:
@@ -358,7 +358,7 @@ async def ensure_topics(settings: Settings) -> None:
     from aiokafka.admin import AIOKafkaAdminClient, NewTopic
     from aiokafka.errors import TopicAlreadyExistsError
 
-    admin = AIOKafkaAdminClient(bootstrap_servers=settings.broker)
+    admin = AIOKafkaAdminClient(bootstrap_servers=normalize_broker(settings.broker))
     await admin.start()
     try:
         existing = set(await admin.list_topics())
