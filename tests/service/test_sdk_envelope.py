@@ -13,7 +13,7 @@ import pytest
 
 from stepstream.core.wire import decode_event
 from stepstream.emitter import Tracer
-from stepstream.emitter.sdk import failure_of
+from stepstream.emitter import failure_of
 
 
 @pytest.fixture

@@ -4,7 +4,7 @@ through the producer SDK exactly as an agent would.
 
 The corpus (:mod:`stepstream.emitter.corpus`) decides what each run does and how the
 runs interleave; each of its events becomes one SDK call on that run's
-:class:`~stepstream.emitter.sdk.Run`, so the SDK assigns ``event_id``, ``seq`` and
+:class:`~stepstream.emitter.run.Run`, so the SDK assigns ``event_id``, ``seq`` and
 ``ts``. A corpus run without ``run_end`` (a dead agent) is left open.
 """
 
@@ -20,7 +20,8 @@ import msgspec
 from stepstream.config import Settings
 from stepstream.core import wire
 from stepstream.emitter.corpus import generate_events
-from stepstream.emitter.sdk import Run, Tracer
+from stepstream.emitter.run import Run
+from stepstream.emitter.tracer import Tracer
 
 
 def replay_on(tracer: Tracer, events: list[wire.Event]) -> int:
