@@ -66,6 +66,7 @@ __all__ = ["Tracer", "TracerStats"]
 log = logging.getLogger("stepstream.emitter")
 
 _WARN_EVERY_SECONDS = 5.0
+_STOP_SECONDS = 3.0
 
 
 class TracerStats(msgspec.Struct, frozen=True):
@@ -337,7 +338,12 @@ class Tracer:
                     delivery.add_done_callback(self._delivered)
         finally:
             if producer is not None:
-                await producer.stop()  # waits for in-flight batches; their callbacks settle them
+                # close() flushed first, so what is still in flight now waits on a broker
+                # that does not answer: bounded, and close() counts it as failed.
+                try:
+                    await asyncio.wait_for(producer.stop(), _STOP_SECONDS)
+                except TimeoutError:
+                    log.warning("stepstream tracer: the producer did not stop within %.0fs", _STOP_SECONDS)
 
     def _delivered(self, delivery: asyncio.Future) -> None:
         exc = delivery.exception() if not delivery.cancelled() else asyncio.CancelledError()
