@@ -62,3 +62,11 @@ clean: ## Stop local servers; remove .venv, .run and build/test debris (cached j
 	-@deploy/ferretdb/ferretdb.sh down --data $(RUN_DIR)/ferretdb 2>/dev/null
 	rm -rf $(VENV) $(RUN_DIR) .pytest_cache .hypothesis build dist
 	find . -path ./.git -prune -o \( -name __pycache__ -o -name '*.egg-info' \) -prune -exec rm -rf {} +
+
+.PHONY: tools deploy-check
+
+tools: ## Build promtool and kustomize from the Go module proxy into ~/.cache/stepstream (once)
+	@deploy/tools/tools.sh build
+
+deploy-check: venv tools ## Check deploy/ alone: alert rules and their unit tests, scrape configs, kustomize render + schemas, dashboard, compose
+	$(VENV)/bin/pytest -q tests/deploy

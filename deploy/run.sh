@@ -6,6 +6,7 @@
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo"
+deploy/require.sh run
 run_dir="${RUN_DIR:-.run}"
 web_port="${WEB_PORT:-6066}"
 mkdir -p "$run_dir"

@@ -17,9 +17,12 @@ from stepstream.errors import StepstreamError
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--broker", help="Kafka bootstrap host:port [STEPSTREAM_BROKER, 127.0.0.1:9092]")
+    p.add_argument(
+        "--broker", help="Kafka bootstrap host:port or kafka://host:port, comma-separated [STEPSTREAM_BROKER, 127.0.0.1:9092]"
+    )
     p.add_argument("--topic", help="raw event topic [STEPSTREAM_TOPIC, stepstream.events]")
     p.add_argument("--partitions", type=int, help="partitions of the raw and dead-letter topics [4]")
+    p.add_argument("--replication-factor", type=int, help="replication factor of the topics created [1]")
     p.add_argument("--log-level", help="debug, info, warning, error [warning]")
 
 
@@ -68,7 +71,7 @@ def _settings(args: argparse.Namespace) -> Settings:
     keys = (
         "broker", "topic", "partitions", "log_level", "steps_sink", "deep_sink", "app_id",
         "web_port", "web_host", "max_event_bytes", "idle_flush_seconds", "max_hold_seconds", "max_open_runs",
-        "store_retry_seconds",
+        "store_retry_seconds", "replication_factor",
     )
     return load_settings({k: getattr(args, k, None) for k in keys})
 

@@ -7,6 +7,7 @@ Nothing else in stepstream reads the environment: every component takes a frozen
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 
 import msgspec
@@ -24,6 +25,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     topic: str = "stepstream.events"
     dlq_topic: str = ""  # default: "<topic>.dlq"
     partitions: int = 4
+    # Replication factor of the raw and dead-letter topics the worker creates (1 on a
+    # single broker; 3 on a production cluster). An existing topic is left as it is.
+    replication_factor: int = 1
     app_id: str = "stepstream-worker"
     steps_sink: str = "sqlite:///stepstream.db"
     deep_sink: str = ""  # default: the steps sink
@@ -73,6 +77,38 @@ def load_settings(overrides: Mapping[str, object] | None = None, environ: Mappin
         if value is not None:
             values[key] = value
     try:
-        return msgspec.convert(values, Settings, strict=False)
+        settings = msgspec.convert(values, Settings, strict=False)
     except msgspec.ValidationError as exc:
         raise ConfigError(f"bad setting: {exc}") from None
+    if settings.partitions < 1 or settings.replication_factor < 1:
+        raise ConfigError("bad setting: partitions and replication_factor must be at least 1")
+    return msgspec.structs.replace(settings, broker=normalize_broker(settings.broker))
+
+
+def normalize_broker(value: str) -> str:
+    """Bootstrap servers as ``host:port[,host:port...]`` from what users write:
+    ``host:port``, ``kafka://host:port`` (faust's form), several separated by ``,``
+    or ``;``. Raises :class:`ConfigError` for an address without a port or with
+    another scheme; the message names the setting, not the whole value."""
+    servers: list[str] = []
+    for part in re.split(r"[,;]", value):
+        part = part.strip()
+        if not part:
+            continue
+        if "://" in part:
+            scheme, _, part = part.partition("://")
+            if scheme.lower() != "kafka":
+                raise ConfigError(f"bad setting: broker: scheme {scheme[:16]!r} is not kafka://")
+            part = part.rstrip("/")
+        host, sep, port = part.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ConfigError("bad setting: broker: each address must be host:port or kafka://host:port")
+        servers.append(f"{host}:{int(port)}")
+    if not servers:
+        raise ConfigError("bad setting: broker: no address given")
+    return ",".join(servers)
+
+
+def faust_broker(value: str) -> str:
+    """The same servers as faust's broker URL list (``kafka://h:p;kafka://h:p``)."""
+    return ";".join(f"kafka://{server}" for server in normalize_broker(value).split(","))

@@ -75,3 +75,23 @@ class Metrics:
         self.pending_events = Gauge(
             "stepstream_pending_events", "Consumed events not yet durable (offsets held back).", registry=r
         )
+
+
+class CompactorMetrics:
+    """The compactor's families (``stepstream compactor``), against a registry passed in.
+    The alert rules and the dashboard in ``deploy/`` read these names."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        self.passes = Counter(
+            "stepstream_compactor_passes", "Compactor passes, by outcome (ok, error).", ["outcome"], registry=r
+        )
+        self.pass_duration = Histogram(
+            "stepstream_compactor_pass_seconds", "Duration of one compactor pass.", buckets=_LATENCY_BUCKETS, registry=r
+        )
+        self.last_success = Gauge(
+            "stepstream_compactor_last_success_timestamp_seconds",
+            "Unix time of the end of the last successful pass (0 before the first).",
+            registry=r,
+        )

@@ -35,7 +35,7 @@ from typing import Any
 import faust
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from stepstream.config import Settings
+from stepstream.config import Settings, faust_broker, normalize_broker
 from stepstream.core.fold import Limits
 from stepstream.core.wire import decode_event
 from stepstream.errors import WireError
@@ -275,7 +275,7 @@ def create_app(settings: Settings, metrics: Metrics | None = None) -> faust.App:
     metrics = metrics or Metrics()
     app = StepstreamApp(
         settings.app_id,
-        broker=f"kafka://{settings.broker}",
+        broker=faust_broker(settings.broker),
         key_serializer="raw",
         value_serializer="raw",
         store="memory://",
@@ -306,7 +306,7 @@ def create_app(settings: Settings, metrics: Metrics | None = None) -> faust.App:
     assert isinstance(consumer, BatchConsumer)
     consumer.handler = worker.on_records
     consumer.ledger = worker.ledger
-    poller = LagPoller(settings.broker, settings.app_id, settings.topic, metrics, settings.lag_poll_seconds)
+    poller = LagPoller(normalize_broker(settings.broker), settings.app_id, settings.topic, metrics, settings.lag_poll_seconds)
 
     @app.task
     async def flush_batches() -> None:
@@ -360,17 +360,18 @@ def create_app(settings: Settings, metrics: Metrics | None = None) -> faust.App:
 
 
 async def ensure_topics(settings: Settings) -> None:
-    """Create the raw and dead-letter topics with the configured partition count
-    (faust does not create source topics); an existing topic is left as it is."""
+    """Create the raw and dead-letter topics with the configured partition count and
+    replication factor (faust does not create source topics); an existing topic is
+    left as it is."""
     from aiokafka.admin import AIOKafkaAdminClient, NewTopic
     from aiokafka.errors import TopicAlreadyExistsError
 
-    admin = AIOKafkaAdminClient(bootstrap_servers=settings.broker)
+    admin = AIOKafkaAdminClient(bootstrap_servers=normalize_broker(settings.broker))
     await admin.start()
     try:
         existing = set(await admin.list_topics())
         wanted = [
-            NewTopic(name, num_partitions=settings.partitions, replication_factor=1)
+            NewTopic(name, num_partitions=settings.partitions, replication_factor=settings.replication_factor)
             for name in (settings.topic, settings.dlq)
             if name not in existing
         ]
