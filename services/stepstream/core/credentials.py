@@ -89,15 +89,20 @@ _NAME = (
     rf"|{_NAMECH}*[a-z](?:{_EXACT_UPPER})S?"
     f"){_AFTER}"
 )
-_SCHEME = _alt([ci(w) for w in ("basic", "bearer", "digest", "token")])
+_SCHEME = _alt([ci(w) for w in ("basic", "bearer", "token")])  # a Digest value is digest_auth's
 _VALUE_CH = r"[^\s\"'`\\,;&<>(){}\[\]=]"
 _VALUE = (
-    rf"(?:\\?\"(?:{_SCHEME}[ \t]+)?(?P<s>[^\"\\\r\n]+)"
-    rf"|\\?'(?:{_SCHEME}[ \t]+)?(?P<s2>[^'\\\r\n]+)"
+    rf"(?:\\*\"(?:{_SCHEME}[ \t]+)?(?P<s>[^\"\\\r\n]+)"
+    rf"|\\*'(?:{_SCHEME}[ \t]+)?(?P<s2>[^'\\\r\n]+)"
     rf"|(?:{_SCHEME}[ \t]+)?(?P<s3>{_VALUE_CH}+=*))"
 )
 _KEY_ANCHORS = tuple(keyrule.ANCHORS)
-_START = r"(?:^|[^A-Za-z0-9_.\-])"  # a name starts a word (RE2 has no look-behind: consumed)
+# Where a token or a name may start (RE2 has no look-behind, so the character before
+# is consumed, outside the masked group): the start, a non-word character, or an
+# escape such as the \n of JSON text inside a string.
+_ESCAPE = r"\\+[nrtfb]"
+_LEFT = rf"(?:^|[^A-Za-z0-9_]|{_ESCAPE})"
+_START = rf"(?:^|[^A-Za-z0-9_.\-]|{_ESCAPE})"
 _SCHEMES = ("basic", "bearer", "digest", "token")
 
 
@@ -131,22 +136,22 @@ RULES: tuple[Rule, ...] = (
         r"\b[A-Za-z][A-Za-z0-9+.\-]{0,30}://[^\s:/?#@\"'<>\\]*:(?P<s>[^\s/?#@\"'<>\\]+)@",
         ("://",),
     ),
-    Rule("jwt", r"(?P<s>\beyJ[A-Za-z0-9_\-]{5,}\.eyJ[A-Za-z0-9_\-]{5,}\.[A-Za-z0-9_\-]*(?:\.[A-Za-z0-9_\-]*){0,2})", ("eyj",)),
-    Rule("openai_anthropic_key", r"(?P<s>\bsk-[A-Za-z0-9_\-]{16,})", ("sk-",)),
+    Rule("jwt", _LEFT + r"(?P<s>eyJ[A-Za-z0-9_\-]{5,}\.eyJ[A-Za-z0-9_\-]{5,}\.[A-Za-z0-9_\-]*(?:\.[A-Za-z0-9_\-]*){0,2})", ("eyj",)),
+    Rule("openai_anthropic_key", _LEFT + r"(?P<s>sk-[A-Za-z0-9_\-]{16,})", ("sk-",)),
     Rule("stripe_key", r"(?P<s>[sr]k_(?:live|test)_[A-Za-z0-9]{16,})", ("k_live_", "k_test_")),
     Rule("github_token", r"(?P<s>gh[pousr]_[A-Za-z0-9_]{20,}|github_pat_[A-Za-z0-9_]{20,})",
         ("ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_"),),
     Rule("gitlab_token", r"(?P<s>glpat-[A-Za-z0-9_\-]{20,})", ("glpat-",)),
     Rule("slack_token", r"(?P<s>xox[abposre]-[A-Za-z0-9\-]{10,})", ("xox",)),
     Rule("sendgrid_key", r"(?P<s>SG\.[A-Za-z0-9_\-]{16,}\.[A-Za-z0-9_\-]{16,})", ("sg.",)),
-    Rule("twilio_key", r"(?P<s>\bSK[0-9a-f]{32}\b)", (), exact_anchors=("SK",)),
+    Rule("twilio_key", _LEFT + r"(?P<s>SK[0-9a-f]{32}\b)", (), exact_anchors=("SK",)),
     Rule("npm_token", r"(?P<s>npm_[A-Za-z0-9]{36,})", ("npm_",)),
     Rule("pypi_token", r"(?P<s>pypi-AgE[A-Za-z0-9_\-]{50,})", ("pypi-",)),
     Rule("huggingface_token", r"(?P<s>hf_[A-Za-z0-9]{30,})", ("hf_",)),
     Rule("google_api_key", r"(?P<s>AIza[0-9A-Za-z_\-]{35})", ("aiza",)),
     Rule(
         "aws_access_key_id",
-        r"(?P<s>\b(?:AKIA|ASIA|ABIA|ACCA|AGPA|AIDA|AROA|AIPA|ANPA|ANVA|APKA)[0-9A-Z]{16}\b)",
+        _LEFT + r"(?P<s>(?:AKIA|ASIA|ABIA|ACCA|AGPA|AIDA|AROA|AIPA|ANPA|ANVA|APKA)[0-9A-Z]{16}\b)",
         ("akia", "asia", "abia", "acca", "agpa", "aida", "aroa", "aipa", "anpa", "anva", "apka"),
     ),
     Rule(
@@ -154,14 +159,15 @@ RULES: tuple[Rule, ...] = (
         r"(?:AccountKey|SharedAccessKey|SharedAccessSignature)=(?P<s>[^;\"'\s]{8,})|[?&]sig=(?P<s2>[A-Za-z0-9%+/=]{16,})",
         ("accountkey", "sharedaccess", "sig="),
     ),
-    Rule("bearer", rf"\b{ci('bearer')}[ \t]+(?P<s>[A-Za-z0-9._~+/\-]{{8,}}=*)", ("bearer",)),
-    Rule("token_auth", rf"\b{ci('token')}[ \t]+(?P<s>[A-Za-z0-9._~+/\-]*[0-9][A-Za-z0-9._~+/\-]*[A-Za-z][A-Za-z0-9._~+/\-]{{8,}}=*)", ("token",)),
-    Rule("basic_auth", rf"\b{ci('basic')}[ \t]+(?P<s>{_B64}{{8,}}={{0,2}})", ("basic",), _is_basic_credential),
-    Rule("digest_auth", rf"\b{ci('digest')}[ \t]+(?P<s>[A-Za-z]+=[^\r\n'`]+)", ("digest",)),
+    Rule("bearer", rf"{_LEFT}{ci('bearer')}[ \t]+(?P<s>[A-Za-z0-9._~+/\-]{{8,}}=*)", ("bearer",)),
+    Rule("token_auth", rf"{_LEFT}{ci('token')}[ \t]+(?P<s>[A-Za-z0-9._~+/\-]*[0-9][A-Za-z0-9._~+/\-]*[A-Za-z][A-Za-z0-9._~+/\-]{{8,}}=*)", ("token",)),
+    Rule("basic_auth", rf"{_LEFT}{ci('basic')}[ \t]+(?P<s>{_B64}{{8,}}={{0,2}})", ("basic",), _is_basic_credential),
+    # Digest keeps username, realm and nonce visible: the response is the credential.
+    Rule("digest_auth", rf"{_LEFT}{ci('digest')}[ \t]+[^\r\n]{{0,400}}?response=\\*\"?(?P<s>[0-9a-fA-F]{{16,}})", ("digest",)),
     # NAME=value, NAME: value, "NAME": "value", --name value (the name under the key rule)
     Rule(
         "name_value",
-        rf"{_START}(?P<name>{_NAME})(?:\\?[\"'])?[ \t]*[:=][ \t]*{_VALUE}",
+        rf"{_START}(?P<name>{_NAME})(?:\\*[\"'])?[ \t]*[:=][ \t]*{_VALUE}",
         _KEY_ANCHORS,
         _name_is_sensitive,
     ),
