@@ -38,7 +38,7 @@ from stepstream.core import keyrule
 
 __all__ = ["MIN_CHARS", "PREFILTER_CHARS", "RULES", "Rule", "Span", "find_secrets", "mask_text", "might_hold_secret"]
 
-MIN_CHARS = 8  # no rule matches fewer characters ("pwd=abc1" is eight)
+MIN_CHARS = 5  # no rule matches fewer characters ("pwd=x")
 PREFILTER_CHARS = 4096  # above this RE2's one pass beats the anchor checks
 
 
@@ -249,8 +249,13 @@ def find_secrets(data: bytes) -> list[Span]:
                 pos = max(pos, match.start() + 1)
                 continue
         for start, stop in found:
-            spans.append(Span(start, stop, rule))
-        pos = max(match.end(), match.start() + 1)
+            if spans and start < spans[-1].end:  # the one character two matches may share
+                start = spans[-1].end
+            if start < stop:
+                spans.append(Span(start, stop, rule))
+        # Go on from the last character of this match: it may be the boundary the next
+        # one needs ("token=a=b=c": the "=" ends one value and starts the next name).
+        pos = max(match.end() - 1, match.start() + 1)
     return spans
 
 
