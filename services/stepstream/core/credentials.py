@@ -1,34 +1,36 @@
 """The second line of redaction: credential formats found inside any string.
 
-:func:`find_secrets` returns the spans of a string to mask, each with the name of
-the rule that found it; ``core.redact`` replaces them with ``[redacted]`` and keeps
-the rest of the sentence (``postgres://admin:[redacted]@db:5432/prod``).
+:func:`mask_text` replaces every credential in a string with ``[redacted]`` and
+keeps the rest of the sentence (``postgres://admin:[redacted]@db:5432/prod``), and
+says which rules (:data:`RULES`) found them; ``core.redact`` applies it to every
+string and key an operator sees.
 
-**Linear time.** All rules are one RE2 program (``google-re2``): a DFA over the
-text, linear in its length whatever the input, so a hostile string of near-matches
-costs about one pass. Python's backtracking ``re`` was measured against it
-(``docs/redaction.md``): with thirty-odd rules it must either try the alternation
-at every position or scan once per rule, and both cost far more than a pass on
-1 MiB of near-matches. RE2 has no look-around; boundaries are ``\\b`` or spelled
-out, and every pattern here also compiles under Python ``re`` (a unit test says so).
+**Linear time, one pass.** The rules are RE2 programs (``google-re2``), which run in
+time linear in the text whatever it holds. All of them together form an RE2 *set*:
+one DFA pass over the text says which rules match anywhere (about 0.7 us for a short
+string, about one plain scan for 1 MiB), so ordinary text and near-matches cost that
+pass and nothing else. Only a rule the set reports is then run on its own (a small
+program) to find its matches. Python's backtracking ``re`` was measured against it
+(``docs/redaction.md``, ``python -m benchmarks.bench_redact``): it either tries every
+rule at every position or scans once per rule, hundreds of times slower on 1 MiB of
+near-matches. RE2 has no look-around: boundaries are ``\\b`` or a consumed
+character outside the masked group; every pattern also compiles under Python ``re``.
 
-**Prefilter.** A call into RE2 from Python costs a few microseconds, so a string
-first goes through :func:`_maybe`: shorter than :data:`MIN_CHARS`, or (up to
-:data:`PREFILTER_CHARS` characters) holding none of the rules' lower-case anchors,
-it cannot match and is returned at once. Longer strings go straight to RE2, whose
-one pass is cheaper than the anchor checks. A test holds every rule to its anchors.
+**Union.** Each reported rule masks all its matches; overlapping spans merge. So a
+rule never hides another's match (``password=ghp_...`` is masked by both).
 
-**Verification.** Only two rules ask Python after the DFA: ``name_value`` (is the
-name sensitive under the key rule of ``core.redact``, and is it a token *count*
-holding an integer?) and ``basic_auth`` (does the credential decode to
-``user:password``?). A candidate they refuse is not masked and the scan goes on
-right after its name, so its value is still scanned by every rule.
+**Verification.** One rule asks Python after RE2: ``name_value`` (is the name
+sensitive under ``core.keyrule``, and is it a token *count* holding an integer?).
+A candidate it refuses is not masked; its value is still scanned.
+
+**Match budget.** Each match costs a few microseconds through the Python binding.
+After :data:`MAX_MATCHES` matches (or refused candidates) of one rule in one string,
+the rest of that string is masked whole (rule ``match_budget``): a string that is
+nothing but credentials costs at most that many, fail-closed.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -36,15 +38,15 @@ import re2
 
 from stepstream.core import keyrule
 
-__all__ = ["MIN_CHARS", "PREFILTER_CHARS", "RULES", "Rule", "Span", "find_secrets", "mask_text", "might_hold_secret"]
+__all__ = ["MAX_MATCHES", "MIN_CHARS", "RULES", "Rule", "Span", "find_secrets", "mask_text", "might_hold_secret"]
 
 MIN_CHARS = 5  # no rule matches fewer characters ("pwd=x")
-PREFILTER_CHARS = 4096  # above this RE2's one pass beats the anchor checks
+MAX_MATCHES = 256  # per string; past it the rest of the string is masked (fail-closed)
 
 
 def ci(word: str) -> str:
-    """``word`` matched ASCII-case-insensitively (RE2's ``(?i)`` folds Unicode too:
-    it would match ``ſecret``, which no lower-cased anchor finds)."""
+    """``word`` matched ASCII-case-insensitively (RE2's ``(?i)`` folds Unicode too,
+    and Python's does not: spelled out, both engines agree)."""
     return "".join(f"[{c.upper()}{c.lower()}]" if c.isalpha() else c for c in word)
 
 
@@ -55,9 +57,7 @@ def _alt(words: list[str]) -> str:
 class Rule(NamedTuple):
     name: str
     pattern: str  # RE2 (and Python re) syntax; groups named s, s2, ... are masked
-    anchors: tuple[str, ...]  # lower-case; a match implies one of them in text.lower()
     verify: Callable[[str, str], bool] | None = None  # (name group, secret) -> mask it?
-    exact_anchors: tuple[str, ...] = ()  # case-sensitive, in the text itself
 
 
 class Span(NamedTuple):
@@ -70,7 +70,7 @@ class Span(NamedTuple):
 # A name is sensitive when a segment is or ends with a word (core.redact). In a DFA:
 # the word, case-insensitively, followed by something that is not a lower-case
 # letter (a segment cannot continue there). Exact segments (auth, pwd, pass) need a
-# segment start before them too. This is a superset; redact.is_sensitive_key decides.
+# segment start before them too. This is a superset; keyrule.is_sensitive_key decides.
 
 _NAMECH = r"[A-Za-z0-9_.\-]"
 _ENDING = _alt([ci(w) for w in keyrule.suffix_words()])
@@ -96,7 +96,6 @@ _VALUE = (
     rf"|\\*'(?:{_SCHEME}[ \t]+)?(?P<s2>[^'\\\r\n]+)"
     rf"|(?:{_SCHEME}[ \t]+)?(?P<s3>{_VALUE_CH}+=*))"
 )
-_KEY_ANCHORS = tuple(keyrule.ANCHORS)
 # Where a token or a name may start (RE2 has no look-behind, so the character before
 # is consumed, outside the masked group): the start, a non-word character, or an
 # escape such as the \n of JSON text inside a string.
@@ -115,157 +114,154 @@ def _name_is_sensitive(name: str, secret: str) -> bool:
     return not (keyrule.is_count_key(name) and secret.isdigit() and secret.isascii())
 
 
-def _is_basic_credential(_: str, secret: str) -> bool:
-    try:
-        decoded = base64.b64decode(secret + "=" * (-len(secret) % 4), validate=True)
-    except (binascii.Error, ValueError):
-        return False
-    return b":" in decoded
-
-
+_TOKEN_CH = r"[A-Za-z0-9._~+/\-]"
 _B64 = r"[A-Za-z0-9+/]"
+_NOT_LOWER = r"[A-Z0-9+/]"
+_BASIC = (
+    "(?:" + "|".join(f"{_B64}[a-z]{{{k}}}{_NOT_LOWER}{_B64}{{{6 - k},}}" for k in range(6))
+    + f"|{_B64}[a-z]{{6,}}{_NOT_LOWER}{_B64}*)={{0,2}}"
+)  # fmt: skip
 RULES: tuple[Rule, ...] = (
     Rule(
         "private_key",
         r"(?P<s>-----BEGIN[A-Z0-9 ]{0,40}PRIVATE KEY(?: BLOCK)?-----(?s:.*?)"
         r"(?:-----END[A-Z0-9 ]{0,40}PRIVATE KEY(?: BLOCK)?-----|$))",
-        ("private key",),
     ),
-    Rule(
-        "url_password",
-        r"\b[A-Za-z][A-Za-z0-9+.\-]{0,30}://[^\s:/?#@\"'<>\\]*:(?P<s>[^\s/?#@\"'<>\\]+)@",
-        ("://",),
-    ),
-    Rule("jwt", _LEFT + r"(?P<s>eyJ[A-Za-z0-9_\-]{5,}\.eyJ[A-Za-z0-9_\-]{5,}\.[A-Za-z0-9_\-]*(?:\.[A-Za-z0-9_\-]*){0,2})", ("eyj",)),
-    Rule("openai_anthropic_key", _LEFT + r"(?P<s>sk-[A-Za-z0-9_\-]{16,})", ("sk-",)),
-    Rule("stripe_key", r"(?P<s>[sr]k_(?:live|test)_[A-Za-z0-9]{16,})", ("k_live_", "k_test_")),
-    Rule("github_token", r"(?P<s>gh[pousr]_[A-Za-z0-9_]{20,}|github_pat_[A-Za-z0-9_]{20,})",
-        ("ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_"),),
-    Rule("gitlab_token", r"(?P<s>glpat-[A-Za-z0-9_\-]{20,})", ("glpat-",)),
-    Rule("slack_token", r"(?P<s>xox[abposre]-[A-Za-z0-9\-]{10,})", ("xox",)),
-    Rule("sendgrid_key", r"(?P<s>SG\.[A-Za-z0-9_\-]{16,}\.[A-Za-z0-9_\-]{16,})", ("sg.",)),
-    Rule("twilio_key", _LEFT + r"(?P<s>SK[0-9a-f]{32}\b)", (), exact_anchors=("SK",)),
-    Rule("npm_token", r"(?P<s>npm_[A-Za-z0-9]{36,})", ("npm_",)),
-    Rule("pypi_token", r"(?P<s>pypi-AgE[A-Za-z0-9_\-]{50,})", ("pypi-",)),
-    Rule("huggingface_token", r"(?P<s>hf_[A-Za-z0-9]{30,})", ("hf_",)),
-    Rule("google_api_key", r"(?P<s>AIza[0-9A-Za-z_\-]{35})", ("aiza",)),
-    Rule(
-        "aws_access_key_id",
-        _LEFT + r"(?P<s>(?:AKIA|ASIA|ABIA|ACCA|AGPA|AIDA|AROA|AIPA|ANPA|ANVA|APKA)[0-9A-Z]{16}\b)",
-        ("akia", "asia", "abia", "acca", "agpa", "aida", "aroa", "aipa", "anpa", "anva", "apka"),
-    ),
+    Rule("url_password", r"\b[A-Za-z][A-Za-z0-9+.\-]{0,30}://[^\s:/?#@\"'<>\\]*:(?P<s>[^\s/?#@\"'<>\\]+)@"),
+    Rule("jwt", _LEFT + r"(?P<s>eyJ[A-Za-z0-9_\-]{5,}\.eyJ[A-Za-z0-9_\-]{5,}\.[A-Za-z0-9_\-]*(?:\.[A-Za-z0-9_\-]*){0,2})"),
+    Rule("openai_anthropic_key", _LEFT + r"(?P<s>sk-[A-Za-z0-9_\-]{16,})"),
+    Rule("stripe_key", r"(?P<s>[sr]k_(?:live|test)_[A-Za-z0-9]{16,})"),
+    Rule("github_token", r"(?P<s>gh[pousr]_[A-Za-z0-9_]{20,}|github_pat_[A-Za-z0-9_]{20,})"),
+    Rule("gitlab_token", r"(?P<s>glpat-[A-Za-z0-9_\-]{20,})"),
+    Rule("slack_token", r"(?P<s>xox[abposre]-[A-Za-z0-9\-]{10,})"),
+    Rule("sendgrid_key", r"(?P<s>SG\.[A-Za-z0-9_\-]{16,}\.[A-Za-z0-9_\-]{16,})"),
+    Rule("twilio_key", _LEFT + r"(?P<s>SK[0-9a-f]{32}\b)"),
+    Rule("npm_token", r"(?P<s>npm_[A-Za-z0-9]{36,})"),
+    Rule("pypi_token", r"(?P<s>pypi-AgE[A-Za-z0-9_\-]{50,})"),
+    Rule("huggingface_token", r"(?P<s>hf_[A-Za-z0-9]{30,})"),
+    Rule("google_api_key", r"(?P<s>AIza[0-9A-Za-z_\-]{35})"),
+    Rule("aws_access_key_id", _LEFT + r"(?P<s>(?:AKIA|ASIA|ABIA|ACCA|AGPA|AIDA|AROA|AIPA|ANPA|ANVA|APKA)[0-9A-Z]{16}\b)"),
     Rule(
         "azure_key",
         r"(?:AccountKey|SharedAccessKey|SharedAccessSignature)=(?P<s>[^;\"'\s]{8,})|[?&]sig=(?P<s2>[A-Za-z0-9%+/=]{16,})",
-        ("accountkey", "sharedaccess", "sig="),
     ),
-    Rule("bearer", rf"{_LEFT}{ci('bearer')}[ \t]+(?P<s>[A-Za-z0-9._~+/\-]{{8,}}=*)", ("bearer",)),
-    Rule("token_auth", rf"{_LEFT}{ci('token')}[ \t]+(?P<s>[A-Za-z0-9._~+/\-]*[0-9][A-Za-z0-9._~+/\-]*[A-Za-z][A-Za-z0-9._~+/\-]{{8,}}=*)", ("token",)),
-    Rule("basic_auth", rf"{_LEFT}{ci('basic')}[ \t]+(?P<s>{_B64}{{8,}}={{0,2}})", ("basic",), _is_basic_credential),
+    Rule("bearer", rf"{_LEFT}{ci('bearer')}[ \t]+(?P<s>[A-Za-z0-9._~+/\-]{{8,}}=*)"),
+    # Token: a digit, later a letter, ten characters or more ("Token count 4096" is prose).
+    Rule("token_auth", rf"{_LEFT}{ci('token')}[ \t]+(?P<s>{_TOKEN_CH}*[0-9]{_TOKEN_CH}*[A-Za-z]{_TOKEN_CH}{{8,}}=*)"),
+    # base64 of user:password: eight or more characters, one past the first not a
+    # lower-case letter ("Basic authentication" is prose, "Basic YWRtaW46..." is not).
+    Rule("basic_auth", rf"{_LEFT}{ci('basic')}[ \t]+(?P<s>{_BASIC})"),
     # Digest keeps username, realm and nonce visible: the response is the credential.
-    Rule("digest_auth", rf"{_LEFT}{ci('digest')}[ \t]+[^\r\n]{{0,400}}?response=\\*\"?(?P<s>[0-9a-fA-F]{{16,}})", ("digest",)),
-    # NAME=value, NAME: value, "NAME": "value", --name value (the name under the key rule)
+    Rule(
+        "digest_auth",
+        rf"{_LEFT}{ci('digest')}[ \t]+(?:[A-Za-z\-]+=(?:\\*\"[^\"\\\r\n]*\\*\"|[^\s,\"\\]*),[ \t]*)*"
+        r"response=\\*\"?(?P<s>[0-9a-fA-F]{16,})",
+    ),
+    # NAME=value, NAME: value, "NAME": "value", --name=value; then --name value
     Rule(
         "name_value",
         rf"{_START}(?P<name>{_NAME})(?:\\*[\"'])?[ \t]*[:=][ \t]*{_VALUE}",
-        _KEY_ANCHORS,
         _name_is_sensitive,
     ),
-    Rule("name_value", rf"{_START}(?P<name>--{_NAME})[ \t]+{_VALUE}", _KEY_ANCHORS, _name_is_sensitive),
+    Rule("name_value", rf"{_START}(?P<name>--{_NAME})[ \t]+{_VALUE}", _name_is_sensitive),
 )
 
+class _Compiled(NamedTuple):
+    name: str
+    regex: re2._Regexp
+    secret_groups: tuple[int, ...]
+    name_group: int | None
+    verify: Callable[[str, str], bool] | None
 
-def _compile() -> tuple[re2._Regexp, list[tuple[int, str, tuple[int, ...], int | None, Callable | None]]]:
-    parts = []
-    groups = []
-    for index, rule in enumerate(RULES):
-        pattern = rule.pattern
-        name_group = None
-        if "(?P<name>" in pattern:
-            name_group = f"r{index}name"
-            pattern = pattern.replace("(?P<name>", f"(?P<{name_group}>")
-        secret_groups = []
-        for g in ("s", "s2", "s3"):
-            if f"(?P<{g}>" in pattern:
-                pattern = pattern.replace(f"(?P<{g}>", f"(?P<r{index}{g}>")
-                secret_groups.append(f"r{index}{g}")
-        parts.append(f"(?P<r{index}>{pattern})")
-        groups.append((f"r{index}", rule.name, tuple(secret_groups), name_group, rule.verify))
+
+def _options() -> re2.Options:
     options = re2.Options()
     options.log_errors = False
-    options.max_mem = 64 << 20
-    regex = re2.compile(("|".join(parts)).encode(), options)
-    index_of = {k.decode(): v for k, v in regex.groupindex.items()}  # Match.start() takes numbers only here
-    numbered = [
-        (index_of[outer], rule, tuple(index_of[g] for g in secret), None if name is None else index_of[name], verify)
-        for outer, rule, secret, name, verify in groups
-    ]
-    return regex, numbered
+    return options
 
 
-_REGEX, _GROUPS = _compile()
-_ANCHORS = tuple(sorted({a for rule in RULES for a in rule.anchors}))
-_EXACT_ANCHORS = tuple(sorted({a for rule in RULES for a in rule.exact_anchors}))
+def _compile() -> tuple[re2.Set, list[_Compiled]]:
+    rule_set = re2.Set.SearchSet(_options())
+    compiled = []
+    for rule in RULES:
+        pattern = rule.pattern.encode()
+        if rule_set.Add(pattern) != len(compiled):
+            raise AssertionError(f"rule {rule.name} did not get its index in the set")
+        regex = re2.compile(pattern, _options())
+        index = {k.decode(): v for k, v in regex.groupindex.items()}  # Match.start() takes numbers only
+        groups = tuple(index[g] for g in ("s", "s2", "s3") if g in index)
+        compiled.append(_Compiled(rule.name, regex, groups, index.get("name"), rule.verify))
+    rule_set.Compile()
+    return rule_set, compiled
+
+
+_SET, _COMPILED = _compile()
 
 
 def might_hold_secret(text: str) -> bool:
-    """Whether any rule could match ``text`` (never False when one does)."""
-    if len(text) < MIN_CHARS:
-        return False
-    if len(text) > PREFILTER_CHARS:
-        return True
-    lowered = text.lower()
-    for anchor in _ANCHORS:
-        if anchor in lowered:
-            return True
-    for anchor in _EXACT_ANCHORS:
-        if anchor in text:
-            return True
-    return False
+    """Whether any rule matches somewhere in ``text`` (one RE2 pass)."""
+    return len(text) >= MIN_CHARS and _SET.Match(text.encode("utf-8", "surrogatepass")) is not None
 
 
-def find_secrets(data: bytes) -> list[Span]:
-    """The byte spans of UTF-8 ``data`` to mask, in order, not overlapping, each
-    with its rule. Spans start and end on character boundaries."""
-    spans: list[Span] = []
-    pos = 0
+def _rule_spans(rule: _Compiled, data: bytes, spans: list[Span]) -> None:
+    search = rule.regex.search
     end = len(data)
-    search = _REGEX.search
-    while pos < end:
+    pos = 0
+    for _ in range(MAX_MATCHES):
         match = search(data, pos)
         if match is None:
-            break
-        for outer, rule, secret_groups, name_group, verify in _GROUPS:
-            if match.start(outer) >= 0:
-                break
-        found = [(match.start(g), match.end(g)) for g in secret_groups if match.start(g) >= 0]
-        if verify is not None:
-            name = "" if name_group is None else data[match.start(name_group) : match.end(name_group)].decode("utf-8", "replace")
+            return
+        found = [(match.start(g), match.end(g)) for g in rule.secret_groups if match.start(g) >= 0]
+        if rule.verify is not None:
+            name = "" if rule.name_group is None else match.group(rule.name_group).decode("utf-8", "replace")
             start, stop = found[0]
-            if not verify(name, data[start:stop].decode("utf-8", "replace")):
-                # Not a secret: go on after the name (or the scheme word), so the
-                # value is still scanned by every rule.
-                pos = match.end(name_group) if name_group is not None else start
-                pos = max(pos, match.start() + 1)
+            if not rule.verify(name, data[start:stop].decode("utf-8", "replace")):
+                # Not a secret: go on after the name, its value may start the next one.
+                pos = max(match.end(rule.name_group) if rule.name_group is not None else start, match.start() + 1)
                 continue
-        for start, stop in found:
-            if spans and start < spans[-1].end:  # the one character two matches may share
-                start = spans[-1].end
-            if start < stop:
-                spans.append(Span(start, stop, rule))
-        # Go on from the last character of this match: it may be the boundary the next
-        # one needs ("token=a=b=c": the "=" ends one value and starts the next name).
+        spans.extend(Span(start, stop, rule.name) for start, stop in found if start < stop)
+        # From the last character of this match: it may be the boundary the next
+        # one needs ("token=a=b": the "=" ends one value and starts the next name).
         pos = max(match.end() - 1, match.start() + 1)
-    return spans
+        if pos >= end:
+            return
+    # Past the budget: the rest is masked whole, from a character boundary on.
+    start = pos
+    while start < end and data[start] & 0xC0 == 0x80:
+        start += 1
+    if start < end:
+        spans.append(Span(start, end, "match_budget"))
+
+
+def find_secrets(data: bytes) -> tuple[list[Span], tuple[str, ...]]:
+    """The byte spans of UTF-8 ``data`` to mask, sorted, overlapping ones merged (a
+    merged span keeps the rule of its first part), and the names of every rule that
+    masked something. Spans start and end on character boundaries."""
+    hits = _SET.Match(data)
+    if hits is None:
+        return [], ()
+    found: list[Span] = []
+    for index in sorted(hits):
+        _rule_spans(_COMPILED[index], data, found)
+    rules = tuple(sorted({span.rule for span in found}))
+    found.sort()
+    merged: list[Span] = []
+    for span in found:
+        if merged and span.start < merged[-1].end:
+            last = merged[-1]
+            merged[-1] = Span(last.start, max(last.end, span.end), last.rule)
+        else:
+            merged.append(span)
+    return merged, rules
 
 
 def mask_text(text: str, replacement: str) -> tuple[str, tuple[str, ...]]:
-    """``text`` with every secret replaced by ``replacement``, and the names of the
+    """``text`` with every credential replaced by ``replacement``, and the names of the
     rules that found them (empty when nothing was masked)."""
-    if not might_hold_secret(text):
+    if len(text) < MIN_CHARS:
         return text, ()
     data = text.encode("utf-8", "surrogatepass")
-    spans = find_secrets(data)
+    spans, rules = find_secrets(data)
     if not spans:
         return text, ()
     out = bytearray()
@@ -279,4 +275,4 @@ def mask_text(text: str, replacement: str) -> tuple[str, tuple[str, ...]]:
     masked = out.decode("utf-8", "surrogatepass")
     if masked == text:
         return text, ()
-    return masked, tuple(sorted({span.rule for span in spans}))
+    return masked, rules

@@ -191,12 +191,19 @@ def redact(
     return Redaction(walk.value(value, 0), walk.pointers, walk.rules)
 
 
+@lru_cache(maxsize=4096)
+def _scrub_short(text: str, max_chars: int) -> str:
+    return clip(mask_text(text, REDACTED)[0], max_chars)[0]
+
+
 def scrub(value: Any, max_chars: int = LABEL_CHARS) -> Any:
     """``value`` as an operator or a log may see it: a string with its credentials
     masked, then clipped to ``max_chars`` characters (``core.caps.clip``: the head
     and a visible marker); a structured value redacted like arguments, each string
     and key clipped so; ``None`` and other scalars as they are. Idempotent."""
     if isinstance(value, str):
+        if len(value) <= _KEY_CACHE_CHARS:  # labels and call ids repeat
+            return _scrub_short(value, max_chars)
         return clip(mask_text(value, REDACTED)[0], max_chars)[0]
     if isinstance(value, (dict, list, tuple)):
         return redact(value, max_chars=max_chars).value
