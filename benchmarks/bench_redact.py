@@ -151,7 +151,7 @@ def second_line_off() -> Iterator[None]:
     finally:
         redact_module.mask_text = saved
         redact_module._mask_key.cache_clear()
-    redact_module._scrub_short.cache_clear()
+        redact_module._scrub_short.cache_clear()
 
 
 def tool_heavy_events(seed: int, runs: int, calls: int) -> list[wire.Event]:
