@@ -3,7 +3,7 @@
 :func:`install` wraps the process's log record factory (the composition root calls
 it once, ``stepstream.cli``): each record's message is formatted at once, passed
 through ``core.redact.scrub`` (credentials masked, clipped to :data:`LOG_CHARS`)
-and stored without its arguments; a record carrying an exception gets its
+and stored without its arguments (an empty tuple); a record carrying an exception gets its
 traceback formatted and scrubbed the same way (clipped to :data:`TRACE_CHARS`),
 so a formatter prints that text and never the raw exception. This covers our
 loggers, faust's, aiokafka's and the drivers' (a MongoDB URL with a password in
@@ -31,7 +31,7 @@ def scrub_record(record: logging.LogRecord) -> logging.LogRecord:
     except Exception:  # noqa: BLE001 - a bad format string: logging reports it when it emits
         return record
     record.msg = scrub(message, LOG_CHARS)
-    record.args = None
+    record.args = ()  # not None: faust's formatter wraps a non-tuple into one and formats again
     if record.exc_info and record.exc_info[1] is not None:
         text = "".join(traceback.format_exception(*record.exc_info)).rstrip("\n")
         record.exc_text = scrub(text, TRACE_CHARS)

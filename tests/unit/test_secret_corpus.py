@@ -149,3 +149,14 @@ def test_innocent_strings_pass_scrub_unchanged_when_short():
     for text in INNOCENT:
         if len(text) <= LABEL_CHARS and mask_credentials(text) == text:
             assert scrub(text) == text
+
+
+def test_a_scrubbed_record_survives_faust_formatter():
+    # mode's ExtensionFormatter turns args that are not a tuple into one and formats
+    # again: a scrubbed record must keep an empty tuple, and a "%" in its text.
+    from mode.utils.logging import ExtensionFormatter
+
+    record = logging.getLogger("x").makeRecord("x", logging.WARNING, __file__, 1, "100%% of %s", ("token=abc123",), None)
+    scrub_record(record)
+    line = ExtensionFormatter(fmt="%(message)s").format(record)
+    assert line.startswith("100% of token=[redacted]")
