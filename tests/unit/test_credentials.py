@@ -159,3 +159,37 @@ def test_a_long_secret_run_is_masked_whole():
     rng = random.Random(3)
     token = "ghp_" + "".join(rng.choices("abcdefXYZ0123", k=100_000))
     assert mask_credentials(f"a {token} b") == "a [redacted] b"
+
+
+# -- through the engine ------------------------------------------------------------
+
+
+def test_llm_steps_keep_their_token_counts():
+    from fold_support import Script, fold_all
+
+    s = Script()
+    params = {"max_tokens": 1024, "temperature": 0.2, "max_tokens_hint": "x", "api_key": "k", "maxOutputTokens": 64}
+    s("llm_request", call_id="l", provider="anthropic", model="claude", input="hi", params=params)
+    _, outs = fold_all(s.events)
+    step = outs[0].steps[0]
+    assert step.arguments == {"max_tokens": 1024, "temperature": 0.2, "max_tokens_hint": REDACTED, "api_key": REDACTED,
+                              "maxOutputTokens": 64}  # fmt: skip
+
+
+def test_free_text_fields_are_scrubbed_and_capped():
+    from fold_support import Script, fold_all
+
+    secret = "sk-proj-" + "Q" * 30
+    s = Script()
+    s("run_start", agent_name="bot " + secret, environment="prod " + "e" * 400)
+    s("llm_request", call_id="l", provider="p", model="m/" + secret + "x" * 400, input="hi")
+    s("state_change", key="k " + secret + "y" * 400, value=1)
+    s("error", message="boom", kind="kind " + secret)
+    s("run_end", status="failed", failure="failed with " + secret)
+    _, outs = fold_all(s.events)
+    labels = [step.label for out in outs for step in out.steps]
+    run = outs[-1].run
+    for text in [*labels, run.agent_name, run.environment, run.failure]:
+        assert secret not in text and len(text) <= 2048
+    assert all(len(label) <= 256 for label in labels) and len(run.environment) == 256
+    assert "[redacted]" in run.agent_name and run.failure == "failed with [redacted]"
