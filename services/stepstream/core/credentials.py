@@ -128,7 +128,7 @@ RULES: tuple[Rule, ...] = (
         r"(?:-----END[A-Z0-9 ]{0,40}PRIVATE KEY(?: BLOCK)?-----|$))",
     ),
     Rule("url_password", r"\b[A-Za-z][A-Za-z0-9+.\-]{0,30}://[^\s:/?#@\"'<>\\]*:(?P<s>[^\s/?#@\"'<>\\]+)@"),
-    Rule("jwt", _LEFT + r"(?P<s>eyJ[A-Za-z0-9_\-]{5,}\.eyJ[A-Za-z0-9_\-]{5,}\.[A-Za-z0-9_\-]*(?:\.[A-Za-z0-9_\-]*){0,2})"),
+    Rule("jwt", _LEFT + r"(?P<s>eyJ[A-Za-z0-9_\-]{5,}\.eyJ[A-Za-z0-9_\-]{5,}(?:\.[A-Za-z0-9_\-]*){1,3})"),
     Rule("openai_anthropic_key", _LEFT + r"(?P<s>sk-[A-Za-z0-9_\-]{16,})"),
     Rule("stripe_key", r"(?P<s>[sr]k_(?:live|test)_[A-Za-z0-9]{16,})"),
     Rule("github_token", r"(?P<s>gh[pousr]_[A-Za-z0-9_]{20,}|github_pat_[A-Za-z0-9_]{20,})"),
@@ -140,14 +140,21 @@ RULES: tuple[Rule, ...] = (
     Rule("pypi_token", r"(?P<s>pypi-AgE[A-Za-z0-9_\-]{50,})"),
     Rule("huggingface_token", r"(?P<s>hf_[A-Za-z0-9]{30,})"),
     Rule("google_api_key", r"(?P<s>AIza[0-9A-Za-z_\-]{35})"),
-    Rule("aws_access_key_id", _LEFT + r"(?P<s>(?:AKIA|ASIA|ABIA|ACCA|AGPA|AIDA|AROA|AIPA|ANPA|ANVA|APKA)[0-9A-Z]{16}\b)"),
+    Rule(
+        "aws_access_key_id",
+        _LEFT + r"(?P<s>(?:AKIA|ASIA|ABIA|ACCA|AGPA|AIDA|AROA|AIPA|ANPA|ANVA|APKA)[0-9A-Z]{16}\b)",
+    ),
     Rule(
         "azure_key",
-        r"(?:AccountKey|SharedAccessKey|SharedAccessSignature)=(?P<s>[^;\"'\s]{8,})|[?&]sig=(?P<s2>[A-Za-z0-9%+/=]{16,})",
+        r"(?:AccountKey|SharedAccessKey|SharedAccessSignature)=(?P<s>[^;\"'\s]{8,})"
+        r"|[?&]sig=(?P<s2>[A-Za-z0-9%+/=]{16,})",
     ),
     Rule("bearer", rf"{_LEFT}{ci('bearer')}[ \t]+(?P<s>[A-Za-z0-9._~+/\-]{{8,}}=*)"),
     # Token: a digit, later a letter, ten characters or more ("Token count 4096" is prose).
-    Rule("token_auth", rf"{_LEFT}{ci('token')}[ \t]+(?P<s>{_TOKEN_CH}*[0-9]{_TOKEN_CH}*[A-Za-z]{_TOKEN_CH}{{8,}}=*)"),
+    Rule(
+        "token_auth",
+        rf"{_LEFT}{ci('token')}[ \t]+(?P<s>{_TOKEN_CH}*[0-9]{_TOKEN_CH}*[A-Za-z]{_TOKEN_CH}{{8,}}=*)",
+    ),
     # base64 of user:password: eight or more characters, one past the first not a
     # lower-case letter ("Basic authentication" is prose, "Basic YWRtaW46..." is not).
     Rule("basic_auth", rf"{_LEFT}{ci('basic')}[ \t]+(?P<s>{_BASIC})"),

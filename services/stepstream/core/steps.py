@@ -19,6 +19,8 @@ A call writes its step ``running``; its result writes only what it knows
 ``started_at`` as ``None`` for the store to keep (``core.records``). A result with
 no open call is labelled ``unmatched result`` and carries its own start time.
 A step never holds raw output or thinking text: only shapes (``core.shapes``).
+Labels, call ids and error messages go through ``core.redact.scrub`` (credentials
+masked, then clipped: 256 characters, 2,048 for a message).
 Bodies are clipped to the caps of ``core.caps``.
 """
 
@@ -78,8 +80,8 @@ def opening_rows(event: Any, company_id: str, run_id: str, ordinal: int, at: str
                           arguments=params, input_shape=shape(p.input))  # fmt: skip
         return _rows(step, at, "arguments", p.input, limits.arguments_chars)
     if type(event) is wire.StateChange:
-        step = StepRecord(**base, kind="state", label=scrub(p.key), status="ok", arguments=redact({p.key: p.value}).value,
-                          input_shape=shape(p.value), ended_at=at)  # fmt: skip
+        step = StepRecord(**base, kind="state", label=scrub(p.key), status="ok",
+                          arguments=redact({p.key: p.value}).value, input_shape=shape(p.value), ended_at=at)  # fmt: skip
         return _rows(step, at, "arguments", p.value, limits.arguments_chars)
     if type(event) is wire.Error:
         step = StepRecord(**base, kind="error", label=scrub(p.kind or "error"), status="error",
