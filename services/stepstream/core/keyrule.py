@@ -28,7 +28,6 @@ import re
 from functools import lru_cache
 
 __all__ = [
-    "ANCHORS",
     "COUNT_WORDS",
     "EXACT_SEGMENTS",
     "SENSITIVE_PHRASES",
@@ -51,10 +50,6 @@ SENSITIVE_PHRASES = (
     ("id", "token"), ("session", "id"),
 )  # fmt: skip
 COUNT_WORDS = ("max", "min", "input", "output", "prompt", "completion", "total", "reasoning", "cached", "new")
-
-# Lower-case substrings one of which every sensitive key holds (the prefilter of
-# core.credentials); a unit test checks them against the word lists.
-ANCHORS = ("secret", "token", "pass", "pwd", "key", "auth", "bearer", "credential", "session", "cookie", "signature")
 
 
 def suffix_words() -> list[str]:
