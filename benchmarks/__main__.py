@@ -17,10 +17,12 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="smaller corpora, for a smoke run")
     args = parser.parse_args()
 
-    from benchmarks import bench_engine, bench_sinks, bench_worker
+    from benchmarks import bench_engine, bench_redact, bench_sinks, bench_worker
 
     print("== engine (decode + fold vs msgspec decode alone) ==", flush=True)
     bench_engine.main(["--runs", "100", "--rounds", "2", "--open-runs", "2000"] if args.quick else [])
+    print("\n== redaction (second line: near-match budget, RE2 vs re, engine on/off) ==", flush=True)
+    redact_ok = bench_redact.main(["--quick"] if args.quick else []) == 0
     print("\n== sinks (SQLite / MongoDB vs bare driver) ==", flush=True)
     quick_sinks = ["--batches", "10", "--rounds", "1", "--mongo-batches", "2"] if args.quick else []
     bench_sinks.main((["--mongo", args.mongo] if args.mongo else []) + quick_sinks)
@@ -31,6 +33,9 @@ def main() -> int:
         )
     else:
         print("\n(worker benchmark skipped: no --broker / STEPSTREAM_TEST_BROKER; `make bench` starts one)", file=sys.stderr)
+    if not redact_ok:
+        print("redaction near-match budget exceeded (see redact.near_match above)", file=sys.stderr)
+        return 1
     return 0
 
 

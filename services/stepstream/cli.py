@@ -81,6 +81,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         settings = _settings(args)
         logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        from stepstream.logscrub import install as scrub_logs
+
+        scrub_logs()  # no credential in any log line (core.redact.scrub)
         if args.command == "worker":
             from stepstream.ingest.app import run_worker
 

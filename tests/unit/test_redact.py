@@ -21,7 +21,7 @@ from stepstream.core.redact import REDACTED, is_sensitive_key, key_segments, mas
         "sessionId", "session_id", "cookie", "Set-Cookie", "cookies", "signature", "x-hub-signature",
         "privatekey", "privateKey", "private_key", "PRIVATE-KEYS", "aws_access_key_id", "secretKey",
         "signing_key", "encryption-key", "passphrase", "pass_phrase", "myapikey", "githubtoken",
-        "max_tokens",  # literal and fail-closed: a segment is the plural of "token"
+        "max_tokens",  # a count key: only an integer under it stays visible
     ],
 )  # fmt: skip
 def test_sensitive_keys(key):
@@ -48,14 +48,14 @@ def test_segments():
 def test_values_under_sensitive_keys_are_replaced_whole_and_not_walked():
     value = {"user": "ann", "password": {"nested": ["a", {"b": 1}]}, "list": [{"apiKey": 7}, {"ok": True}]}
     original = copy.deepcopy(value)
-    out, pointers = redact(value)
+    out, pointers, _ = redact(value)
     assert out == {"user": "ann", "password": REDACTED, "list": [{"apiKey": REDACTED}, {"ok": True}]}
     assert pointers == ["/password", "/list/0/apiKey"]
     assert value == original  # never mutates its input
 
 
 def test_pointers_escape_per_rfc6901():
-    _, pointers = redact({"a/b": {"c~d": {"token": 1}}})
+    _, pointers, _ = redact({"a/b": {"c~d": {"token": 1}}})
     assert pointers == ["/a~1b/c~0d/token"]
 
 
@@ -85,29 +85,29 @@ def test_credential_shaped_values(text, expected):
 
 def test_value_masking_records_the_pointer_and_can_be_turned_off():
     value = {"cmd": ["run", "--key=sk-abcdefghijklmnopqrstuvwx"]}
-    out, pointers = redact(value)
+    out, pointers, _ = redact(value)
     assert out == {"cmd": ["run", "--key=[redacted]"]} and pointers == ["/cmd/1"]
-    assert redact(value, mask_values=False) == (value, [])
+    assert redact(value, mask_values=False) == (value, [], [])
 
 
 def test_depth_budget_is_fail_closed():
     deep: dict = {"leaf": "visible"}
     for _ in range(40):
         deep = {"level": deep}
-    out, pointers = redact(deep, max_depth=32)
+    out, pointers, _ = redact(deep, max_depth=32)
     node = out
     for _ in range(32):
         node = node["level"]
     assert node == REDACTED and pointers == ["/" + "/".join(["level"] * 32)]
-    shallow, none = redact({"level": {"level": {"leaf": 1}}}, max_depth=32)
+    shallow, none, _ = redact({"level": {"level": {"leaf": 1}}}, max_depth=32)
     assert none == [] and shallow["level"]["level"]["leaf"] == 1
 
 
 def test_node_budget_is_fail_closed():
     wide = {"ok": [1, 2], "big": list(range(6000))}
-    out, pointers = redact(wide, max_nodes=5000)
+    out, pointers, _ = redact(wide, max_nodes=5000)
     assert out == {"ok": [1, 2], "big": REDACTED} and pointers == ["/big"]
-    assert redact(list(range(10)), max_nodes=5) == (REDACTED, [""])
+    assert redact(list(range(10)), max_nodes=5) == (REDACTED, [""], ["budget"])
 
 
 SECRET = "ZZSECRETZZ"
@@ -134,7 +134,7 @@ def documents(draw, depth: int = 0):
 @settings(max_examples=300, deadline=None, print_blob=True)
 @given(documents())
 def test_no_secret_survives_and_everything_else_does(doc):
-    out, pointers = redact(doc)
+    out, pointers, _ = redact(doc)
     assert SECRET not in repr(out)
     assert all(SECRET not in p for p in pointers)
     if not pointers:

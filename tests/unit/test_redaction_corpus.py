@@ -108,5 +108,5 @@ def test_masked_on_steps_kept_in_deep(name, arguments, canary):
         deep = store.deeps[("acme", "r1", ordinal)]
         assert canary in deep.arguments and not deep.clipped
         assert msgspec.json.decode(deep.arguments) == arguments
-    _, pointers = redact(arguments)
+    _, pointers, _ = redact(arguments)
     assert pointers and all(canary not in p for p in pointers)

@@ -10,13 +10,14 @@ event loop or a driver (``tests/unit/test_core_purity.py`` holds it to that).
   applies them.
 * ``fold``: the per-run state machine (:class:`RunFold`, :class:`Limits`, :class:`Output`).
 * ``steps``: what each event's step and deep companion hold.
-* ``redact``, ``caps``, ``shapes``, ``timefmt``: scrubbing, clipping, shapes, stored times.
+* ``redact``, ``caps``, ``shapes``, ``timefmt``: scrubbing, clipping, shapes, stored times;
+  ``keyrule`` and ``credentials`` are redaction's two lines (``docs/redaction.md``).
 """
 
 from stepstream.core.caps import CLIP_MARKER, clip, clip_deep
 from stepstream.core.fold import Limits, Output, RunFold
 from stepstream.core.records import DeepRecord, RunRecord, RunState, StepRecord
-from stepstream.core.redact import REDACTED, is_sensitive_key, mask_credentials, redact
+from stepstream.core.redact import REDACTED, is_sensitive_key, mask_credentials, redact, scrub
 from stepstream.core.shapes import shape
 from stepstream.core.timefmt import format_ts, parse_ts
 from stepstream.core.wire import Event, decode_event, encode_event
@@ -41,5 +42,6 @@ __all__ = [
     "mask_credentials",
     "parse_ts",
     "redact",
+    "scrub",
     "shape",
 ]

@@ -80,7 +80,7 @@ import msgspec
 from stepstream.core import wire
 from stepstream.core.caps import clip_chunk
 from stepstream.core.records import DeepRecord, RunRecord, RunState, StepRecord
-from stepstream.core.redact import mask_credentials
+from stepstream.core.redact import TEXT_CHARS, scrub
 from stepstream.core.steps import CALLS, OPENERS, RESULTS, Rows, call_key, opening_rows, result_rows, thinking_step
 from stepstream.core.timefmt import TS_MAX, TS_MIN, WINDOW, format_ts, in_window, parse_ts
 from stepstream.errors import WireError
@@ -458,9 +458,9 @@ class RunFold:
     def _run_start(self, event: wire.RunStart, at: str, out: Output) -> None:
         p = event.payload
         run = self._run
-        run.agent_name = p.agent_name
+        run.agent_name = scrub(p.agent_name)
         if p.environment is not None:
-            run.environment = p.environment
+            run.environment = scrub(p.environment)
         run.started_at = at
         self._dirty = True
 
@@ -468,7 +468,7 @@ class RunFold:
         p = event.payload
         run = self._run
         run.status = p.status
-        run.failure = None if p.failure is None else mask_credentials(p.failure)
+        run.failure = None if p.failure is None else scrub(p.failure, TEXT_CHARS)
         run.ended_at = at
         self._dirty = True
 

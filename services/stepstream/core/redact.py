@@ -1,127 +1,95 @@
-"""Redaction for everything an operator (or a bundle) can see.
+"""Redaction for everything an operator (or a bundle, or a log) can see.
 
 Two lines of defence, both applied by :func:`redact`:
 
-1. **By key name** (CONTRACT.md section 2). A key is split into segments on
-   ``_``, ``-``, ``.``, whitespace and camelCase boundaries (``APIKey`` ->
-   ``API`` ``Key``; anything that is not an ASCII letter or digit separates).
-   It is *sensitive* when a segment, case-insensitively, is or ends with one of
-   :data:`SENSITIVE_WORDS` or their plural (``x_auth_tokens``, ``myapikey``), or
-   two adjacent segments form one of :data:`SENSITIVE_PHRASES` (``api_key``,
-   ``privateKey``, ``aws-access-key-id``; the first segment may end with the
-   phrase's first word). The value under a sensitive key becomes
-   :data:`REDACTED` and nothing below it is walked.
-   Note this is literal and fail-closed: ``max_tokens`` is sensitive too.
-2. **By value shape.** Strings under *any* key are scanned for things that look
-   like credentials: ``sk-...`` API keys, GitHub tokens (``ghp_``, ``gho_``,
-   ``ghu_``, ``ghs_``, ``ghr_``, ``github_pat_``), AWS access key ids, Slack
-   tokens, ``Bearer <token>`` and PEM ``PRIVATE KEY`` blocks. Only the
-   credential is replaced (``Bearer [redacted]``); the rest of the text stays.
+1. **By key name** (``core.keyrule``, CONTRACT.md section 2): the value under a
+   sensitive key becomes :data:`REDACTED` and nothing below it is walked, except
+   an integer under a token *count* key (``max_tokens``, ``usage.input_tokens``),
+   which stays visible.
+2. **By credential format** (``core.credentials``): every string, and every key,
+   is scanned for credentials (URL passwords, ``Basic``/``Bearer``/``Digest``/
+   ``Token`` credentials, JWTs, cloud, SaaS and registry tokens, private keys,
+   ``NAME=value`` with a sensitive NAME, ...). Only the credential is replaced
+   (``postgres://admin:[redacted]@db:5432/prod``); the rest of the text stays.
+   A key that is itself a credential is shown masked (``{"Bearer [redacted]": 1}``).
 
 The walk is fail-closed: a container deeper than ``max_depth`` or one whose
 entries would take the walk past ``max_nodes`` becomes :data:`REDACTED` whole.
 
-What it does not promise (deep-trace.md): a secret under an unlisted key, in a
-shape none of the patterns knows, stays visible. Raw output never reaches a step
-at all, so this only guards arguments, params, state values and error text.
+:func:`redact` also returns, for a bundle's ``redactions.json``, the JSON Pointer
+(RFC 6901) of every value it replaced or masked and the rule that did it, never
+the secret: a pointer names a masked key by its masked form.
 
-:func:`redact` also returns the JSON Pointers (RFC 6901) of every value it
-replaced or masked, never the secret itself, for a bundle's ``redactions.json``.
+:func:`scrub` is the one function for free text an operator or a log sees outside
+arguments (labels, state keys, error kinds and messages, the run's agent name,
+environment and failure, dead-letter details): credentials masked, then clipped to
+a length cap. It takes structured values too (an environment object, a failure
+``{type, message, step?}``): they are redacted like arguments, every string and
+key clipped.
+
+What it does not promise (``docs/redaction.md``): a secret under an unlisted key,
+in a shape none of the rules knows (free prose such as "the password is hunter2"),
+stays visible. Raw output never reaches a step at all.
 """
 
 from __future__ import annotations
 
-import re
 from functools import lru_cache
 from typing import Any, NamedTuple
 
+from stepstream.core.caps import clip
+from stepstream.core.credentials import mask_text
+from stepstream.core.keyrule import (
+    SENSITIVE_PHRASES,
+    SENSITIVE_WORDS,
+    is_count_key,
+    is_sensitive_key,
+    key_segments,
+)
+
 __all__ = [
+    "LABEL_CHARS",
     "MAX_DEPTH",
     "MAX_NODES",
     "REDACTED",
     "SENSITIVE_PHRASES",
     "SENSITIVE_WORDS",
     "Redaction",
+    "TEXT_CHARS",
+    "is_count_key",
     "is_sensitive_key",
     "key_segments",
     "mask_credentials",
     "redact",
+    "scrub",
 ]
 
 REDACTED = "[redacted]"
 MAX_DEPTH = 32
 MAX_NODES = 5000
 
-SENSITIVE_WORDS = (
-    "secret", "token", "password", "passwd", "apikey", "authorization", "bearer",
-    "credential", "session", "cookie", "signature", "privatekey",
-)  # fmt: skip
-SENSITIVE_PHRASES = (
-    ("api", "key"), ("access", "key"), ("private", "key"), ("secret", "key"),
-    ("signing", "key"), ("encryption", "key"), ("auth", "key"), ("pass", "phrase"),
-    ("client", "secret"), ("access", "token"), ("auth", "token"), ("refresh", "token"),
-    ("id", "token"), ("session", "id"),
-)  # fmt: skip
+LABEL_CHARS = 256  # labels, state keys, error kinds, agent names, environments
+TEXT_CHARS = 2048  # error messages and failures on steps and run records, dead-letter details
+_KEY_CACHE_CHARS = 256  # keys repeat: masked keys up to this length are cached
 
-# A segment ending with a word, or with a phrase written as one word ("accesskey").
-_SUFFIXES = tuple(
-    {w for w in SENSITIVE_WORDS} | {w + "s" for w in SENSITIVE_WORDS}
-    | {a + b for a, b in SENSITIVE_PHRASES} | {a + b + "s" for a, b in SENSITIVE_PHRASES}
-)  # fmt: skip
-_PHRASE_FIRST = tuple({a for a, _ in SENSITIVE_PHRASES})
-_PHRASE_PAIRS = {(a, b) for a, b in SENSITIVE_PHRASES} | {(a, b + "s") for a, b in SENSITIVE_PHRASES}
-
-_SEGMENT = re.compile(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|[0-9]+")
-
-_CREDENTIAL = re.compile(
-    r"-----BEGIN[A-Z0-9 ]{0,40}PRIVATE KEY-----(?:.*?-----END[A-Z0-9 ]{0,40}PRIVATE KEY-----|.*)"
-    r"|(?<![A-Za-z0-9_-])sk-[A-Za-z0-9_-]{16,}"
-    r"|(?<![A-Za-z0-9_])gh[pousr]_[A-Za-z0-9_]{20,}"
-    r"|(?<![A-Za-z0-9_])github_pat_[A-Za-z0-9_]{20,}"
-    r"|(?<![A-Za-z0-9])AKIA[0-9A-Z]{16}(?![0-9A-Z])"
-    r"|(?<![A-Za-z0-9])xox[abposr]-[A-Za-z0-9-]{10,}"
-    r"|(?P<scheme>\b[Bb][Ee][Aa][Rr][Ee][Rr])[ \t]+[A-Za-z0-9._~+/-]{8,}=*",
-    re.DOTALL,
-)
-_MIN_CREDENTIAL = 12  # shorter strings cannot hold any of the patterns
+RULE_KEY = "key_name"
+RULE_BUDGET = "budget"
 
 
 class Redaction(NamedTuple):
     value: Any
     pointers: list[str]
-
-
-def key_segments(key: str) -> list[str]:
-    """The lower-cased segments a key is judged by."""
-    return [s.lower() for s in _SEGMENT.findall(key)]
+    rules: list[str]  # rules[i] masked pointers[i]: "key_name", "budget" or credential rules joined by "+"
 
 
 @lru_cache(maxsize=8192)
-def is_sensitive_key(key: str) -> bool:
-    """Whether the value under ``key`` is masked (see the module docstring)."""
-    segments = key_segments(key)
-    previous = ""
-    for segment in segments:
-        if segment.endswith(_SUFFIXES):
-            return True
-        if previous and previous.endswith(_PHRASE_FIRST):
-            for first, second in _PHRASE_PAIRS:
-                if segment == second and previous.endswith(first):
-                    return True
-        previous = segment
-    return False
-
-
-def _mask_match(match: re.Match[str]) -> str:
-    scheme = match.group("scheme")
-    return f"{scheme} {REDACTED}" if scheme else REDACTED
+def _mask_key(key: str) -> tuple[str, tuple[str, ...]]:
+    return mask_text(key, REDACTED)
 
 
 def mask_credentials(text: str) -> str:
-    """``text`` with every credential-shaped substring replaced."""
-    if len(text) < _MIN_CREDENTIAL:
-        return text
-    return _CREDENTIAL.sub(_mask_match, text)
+    """``text`` with every credential inside it replaced (the second line alone)."""
+    return mask_text(text, REDACTED)[0]
 
 
 def _escape(token: str) -> str:
@@ -129,46 +97,72 @@ def _escape(token: str) -> str:
 
 
 class _Walk:
-    __slots__ = ("budget", "max_depth", "mask_values", "path", "pointers")
+    __slots__ = ("budget", "max_chars", "max_depth", "mask_values", "path", "pointers", "rules")
 
-    def __init__(self, max_depth: int, max_nodes: int, mask_values: bool) -> None:
+    def __init__(self, max_depth: int, max_nodes: int, mask_values: bool, max_chars: int | None) -> None:
         self.budget = max_nodes
         self.max_depth = max_depth
         self.mask_values = mask_values
+        self.max_chars = max_chars
         self.path: list[str] = []
         self.pointers: list[str] = []
+        self.rules: list[str] = []
 
-    def hit(self, token: str | None = None) -> str:
+    def hit(self, rule: str, token: str | None = None) -> str:
         parts = self.path if token is None else [*self.path, token]
         self.pointers.append("".join("/" + _escape(p) for p in parts))
+        self.rules.append(rule)
         return REDACTED
+
+    def text(self, value: str) -> str:
+        if self.mask_values:
+            masked, rules = mask_text(value, REDACTED)
+            if rules:
+                self.hit("+".join(rules))
+            value = masked
+        if self.max_chars is not None:
+            value = clip(value, self.max_chars)[0]
+        return value
+
+    def key(self, key: str, taken: dict) -> str:
+        """How ``key`` is shown: masked and clipped like a string, two keys masked
+        alike kept apart (``[redacted]``, ``[redacted]#2``)."""
+        shown, rules = key, ()
+        if self.mask_values:
+            shown, rules = _mask_key(key) if len(key) <= _KEY_CACHE_CHARS else mask_text(key, REDACTED)
+        if self.max_chars is not None:
+            shown = clip(shown, self.max_chars)[0]
+        if shown != key:
+            base, n = shown, 2
+            while shown in taken:
+                shown, n = f"{base}#{n}", n + 1
+            if rules:
+                self.hit("+".join(rules), shown)
+        return shown
 
     def value(self, value: Any, depth: int) -> Any:
         if isinstance(value, str):
-            if self.mask_values and len(value) >= _MIN_CREDENTIAL:
-                masked = _CREDENTIAL.sub(_mask_match, value)
-                if masked != value:
-                    self.hit()
-                return masked
-            return value
+            return self.text(value)
         if isinstance(value, dict):
             if depth >= self.max_depth or len(value) > self.budget:
-                return self.hit()
+                return self.hit(RULE_BUDGET)
             self.budget -= len(value)
-            out = {}
+            out: dict = {}
             path = self.path
             for key, item in value.items():
                 skey = key if isinstance(key, str) else str(key)
-                if is_sensitive_key(skey):
-                    out[key] = self.hit(skey)
+                shown = self.key(skey, out)
+                name = key if shown == skey else shown
+                if is_sensitive_key(skey) and not (type(item) is int and is_count_key(skey)):
+                    out[name] = self.hit(RULE_KEY, shown)
                 else:
-                    path.append(skey)
-                    out[key] = self.value(item, depth + 1)
+                    path.append(shown)
+                    out[name] = self.value(item, depth + 1)
                     path.pop()
             return out
         if isinstance(value, (list, tuple)):
             if depth >= self.max_depth or len(value) > self.budget:
-                return self.hit()
+                return self.hit(RULE_BUDGET)
             self.budget -= len(value)
             path = self.path
             out_list = []
@@ -181,11 +175,36 @@ class _Walk:
 
 
 def redact(
-    value: Any, *, max_depth: int = MAX_DEPTH, max_nodes: int = MAX_NODES, mask_values: bool = True
+    value: Any,
+    *,
+    max_depth: int = MAX_DEPTH,
+    max_nodes: int = MAX_NODES,
+    mask_values: bool = True,
+    max_chars: int | None = None,
 ) -> Redaction:
-    """A redacted copy of ``value`` (the input is never changed) and the JSON
-    Pointers of what was replaced, in walk order. ``max_depth`` counts container
-    levels from the root (the root container is at depth 0); ``max_nodes``
-    bounds the entries walked in total."""
-    walk = _Walk(max_depth, max_nodes, mask_values)
-    return Redaction(walk.value(value, 0), walk.pointers)
+    """A redacted copy of ``value`` (the input is never changed), the JSON Pointers
+    of what was replaced, in walk order, and the rule of each. ``max_depth`` counts
+    container levels from the root (the root container is at depth 0);
+    ``max_nodes`` bounds the entries walked in total; ``max_chars`` clips every
+    string and key (after masking). ``mask_values=False`` turns the second line off."""
+    walk = _Walk(max_depth, max_nodes, mask_values, max_chars)
+    return Redaction(walk.value(value, 0), walk.pointers, walk.rules)
+
+
+@lru_cache(maxsize=4096)
+def _scrub_short(text: str, max_chars: int) -> str:
+    return clip(mask_text(text, REDACTED)[0], max_chars)[0]
+
+
+def scrub(value: Any, max_chars: int = LABEL_CHARS) -> Any:
+    """``value`` as an operator or a log may see it: a string with its credentials
+    masked, then clipped to ``max_chars`` characters (``core.caps.clip``: the head
+    and a visible marker); a structured value redacted like arguments, each string
+    and key clipped so; ``None`` and other scalars as they are. Idempotent."""
+    if isinstance(value, str):
+        if len(value) <= _KEY_CACHE_CHARS:  # labels and call ids repeat
+            return _scrub_short(value, max_chars)
+        return clip(mask_text(value, REDACTED)[0], max_chars)[0]
+    if isinstance(value, (dict, list, tuple)):
+        return redact(value, max_chars=max_chars).value
+    return value

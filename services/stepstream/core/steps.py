@@ -19,6 +19,8 @@ A call writes its step ``running``; its result writes only what it knows
 ``started_at`` as ``None`` for the store to keep (``core.records``). A result with
 no open call is labelled ``unmatched result`` and carries its own start time.
 A step never holds raw output or thinking text: only shapes (``core.shapes``).
+Labels, call ids and error messages go through ``core.redact.scrub`` (credentials
+masked, then clipped: 256 characters, 2,048 for a message).
 Bodies are clipped to the caps of ``core.caps``.
 """
 
@@ -29,7 +31,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from stepstream.core import wire
 from stepstream.core.caps import json_body
 from stepstream.core.records import DeepRecord, StepRecord
-from stepstream.core.redact import mask_credentials, redact
+from stepstream.core.redact import TEXT_CHARS, redact, scrub
 from stepstream.core.shapes import shape, shape_chars
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -68,21 +70,22 @@ def opening_rows(event: Any, company_id: str, run_id: str, ordinal: int, at: str
     p = event.payload
     base: dict[str, Any] = {"company_id": company_id, "run_id": run_id, "step_seq": ordinal, "started_at": at}
     if type(event) is wire.ToolCall:
-        step = StepRecord(**base, kind="tool", label=p.tool, status="running", call_id=p.call_id,
+        step = StepRecord(**base, kind="tool", label=scrub(p.tool), status="running", call_id=scrub(p.call_id),
                           arguments=redact(p.arguments).value, input_shape=shape(p.arguments))  # fmt: skip
         return _rows(step, at, "arguments", p.arguments, limits.arguments_chars)
     if type(event) is wire.LlmRequest:
         params = None if p.params is None else redact(p.params).value
-        step = StepRecord(**base, kind="llm", label=f"{p.provider}/{p.model}", status="running", call_id=p.call_id,
+        step = StepRecord(**base, kind="llm", label=scrub(f"{p.provider}/{p.model}"), status="running",
+                          call_id=scrub(p.call_id),
                           arguments=params, input_shape=shape(p.input))  # fmt: skip
         return _rows(step, at, "arguments", p.input, limits.arguments_chars)
     if type(event) is wire.StateChange:
-        step = StepRecord(**base, kind="state", label=p.key, status="ok", arguments=redact({p.key: p.value}).value,
-                          input_shape=shape(p.value), ended_at=at)  # fmt: skip
+        step = StepRecord(**base, kind="state", label=scrub(p.key), status="ok",
+                          arguments=redact({p.key: p.value}).value, input_shape=shape(p.value), ended_at=at)  # fmt: skip
         return _rows(step, at, "arguments", p.value, limits.arguments_chars)
     if type(event) is wire.Error:
-        step = StepRecord(**base, kind="error", label=p.kind or "error", status="error",
-                          arguments={"message": mask_credentials(p.message)}, ended_at=at)  # fmt: skip
+        step = StepRecord(**base, kind="error", label=scrub(p.kind or "error"), status="error",
+                          arguments={"message": scrub(p.message, TEXT_CHARS)}, ended_at=at)  # fmt: skip
         return _rows(step, at, "output", p.message, limits.output_chars)
     raise TypeError(f"{type(event).__name__} opens no step")
 
@@ -97,7 +100,7 @@ def result_rows(
     status = "error" if kind == "tool" and p.is_error else "ok"
     extra: dict[str, Any] = {} if matched else {"label": "unmatched result", "started_at": at}
     step = StepRecord(company_id=company_id, run_id=run_id, step_seq=ordinal, kind=kind, status=status,
-                      call_id=p.call_id, output_shape=shape(p.output), ended_at=at, **extra)  # fmt: skip
+                      call_id=scrub(p.call_id), output_shape=shape(p.output), ended_at=at, **extra)  # fmt: skip
     return _rows(step, at, "output", p.output, limits.output_chars)
 
 

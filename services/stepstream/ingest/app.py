@@ -37,6 +37,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from stepstream.config import Settings, faust_broker, normalize_broker
 from stepstream.core.fold import Limits
+from stepstream.core.redact import scrub
 from stepstream.core.wire import decode_event
 from stepstream.errors import WireError
 from stepstream.ingest.consumer import BatchConsumer, BatchTransport, Records
@@ -48,6 +49,7 @@ from stepstream.sinks import open_deep_store, open_step_store
 
 log = logging.getLogger(__name__)
 
+DETAIL_CHARS = 500  # the stepstream-detail header, scrubbed (core.redact.scrub)
 EXIT_STORE_FAILED = 70  # EX_SOFTWARE: the stores failed under the fault policy; Kafka rewinds
 
 
@@ -195,9 +197,10 @@ class IngestWorker:
                     ledger.delivered(tp, good[i + 1][1].offset, records[-1].offset)
 
     async def _dead_letter(self, record: Any, reason: str, detail: str) -> None:
+        detail = scrub(detail, DETAIL_CHARS)  # names the field and the reason; never a credential
         headers = [
             ("stepstream-reason", reason.encode()),
-            ("stepstream-detail", detail[:500].encode("utf-8", "replace")),
+            ("stepstream-detail", detail.encode("utf-8", "replace")),
             ("stepstream-source", f"{record.topic}/{record.partition}/{record.offset}".encode()),
         ]
         headers.extend((k, v) for k, v in (record.headers or ()) if not k.startswith("stepstream-"))
@@ -205,7 +208,9 @@ class IngestWorker:
         self._dead_letters.append((future, reason))
         assert self.pipeline is not None
         self.pipeline.settle()
-        log.warning("dead letter %s/%s@%s: %s: %s", record.topic, record.partition, record.offset, reason, detail[:200])
+        log.warning(
+            "dead letter %s/%s@%s: %s: %s", record.topic, record.partition, record.offset, reason, scrub(detail, 200)
+        )
 
     async def _confirm_dead_letters(self) -> None:
         """Wait until the broker holds every dead-letter copy of the batch being sealed."""

@@ -17,6 +17,7 @@ import msgspec
 from tqdm import tqdm
 
 from stepstream.core.fold import Limits
+from stepstream.core.redact import TEXT_CHARS, scrub
 from stepstream.core.wire import decode_event
 from stepstream.errors import WireError
 from stepstream.metrics import Metrics
@@ -67,14 +68,15 @@ async def ingest_file(
                     report.events += 1
                 except WireError as exc:
                     report.rejected += 1
+                    detail = scrub(exc.detail, TEXT_CHARS)
                     if reject_out is None:
                         reject_path = rejects or path.with_name(path.name + ".rejects.jsonl")
                         reject_out = reject_path.open("wb")
                         print(f"rejects go to {reject_path}", file=stderr)
-                    print(f"line {number}: {exc.reason}: {exc.detail}", file=stderr)
+                    print(f"line {number}: {exc.reason}: {detail}", file=stderr)
                     reject_out.write(
                         msgspec.json.encode(
-                            {"line": number, "reason": exc.reason, "detail": exc.detail, "raw": body.decode("utf-8", "replace")}
+                            {"line": number, "reason": exc.reason, "detail": detail, "raw": body.decode("utf-8", "replace")}
                         )
                         + b"\n"
                     )
