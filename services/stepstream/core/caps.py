@@ -1,7 +1,7 @@
 """Caps on deep bodies, in characters: clip, never refuse.
 
 * ``reasoning`` 65,536, ``output`` 65,536, ``arguments`` 32,768 characters
-  (``core.fold.Limits`` holds the numbers).
+  (``core.limits.Limits`` holds the numbers).
 * A body over its cap keeps its head and ends with :data:`CLIP_MARKER`; the
   marker is counted *within* the cap, so a clipped body is exactly ``cap``
   characters long and clipping it again changes nothing (:func:`clip` is
@@ -20,14 +20,13 @@ caps on any record it is handed (a no-op on records the engine produced).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgspec
 
+from stepstream.core.limits import Limits
 from stepstream.core.records import DeepRecord
 
-if TYPE_CHECKING:  # pragma: no cover
-    from stepstream.core.fold import Limits
 
 __all__ = ["CLIP_MARKER", "clip", "clip_chunk", "clip_deep", "json_body", "json_text"]
 

@@ -79,6 +79,7 @@ import msgspec
 
 from stepstream.core import wire
 from stepstream.core.caps import clip_chunk
+from stepstream.core.limits import Limits
 from stepstream.core.records import DeepRecord, RunRecord, RunState, StepRecord
 from stepstream.core.redact import mask_credentials
 from stepstream.core.steps import CALLS, OPENERS, RESULTS, Rows, call_key, opening_rows, result_rows, thinking_step
@@ -89,21 +90,6 @@ __all__ = ["MAX_TOKEN_TOTAL", "Limits", "Output", "RunFold"]
 
 # Token totals saturate here, so no sum of usage counts overflows a signed 64-bit column.
 MAX_TOKEN_TOTAL = 2**63 - 1
-
-
-class Limits(msgspec.Struct, frozen=True):
-    """Caps (characters), the step ceiling, the flush thresholds (UTF-8 bytes and
-    deltas pending), the idle timeout (seconds of the injected clock) and how far
-    past the last applied ``seq`` an event may jump."""
-
-    reasoning_chars: int = 65536
-    output_chars: int = 65536
-    arguments_chars: int = 32768
-    max_steps: int = 500
-    flush_bytes: int = 2048
-    idle_seconds: float = 5.0
-    flush_deltas: int = 512
-    max_seq_jump: int = 1_000_000
 
 
 class Output(msgspec.Struct):

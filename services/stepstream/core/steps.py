@@ -24,16 +24,15 @@ Bodies are clipped to the caps of ``core.caps``.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 from stepstream.core import wire
 from stepstream.core.caps import json_body
+from stepstream.core.limits import Limits
 from stepstream.core.records import DeepRecord, StepRecord
 from stepstream.core.redact import mask_credentials, redact
 from stepstream.core.shapes import shape, shape_chars
 
-if TYPE_CHECKING:  # pragma: no cover
-    from stepstream.core.fold import Limits
 
 __all__ = ["CALLS", "OPENERS", "RESULTS", "Rows", "call_key", "opening_rows", "result_rows", "thinking_step"]
 

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import parse_qsl, unquote
 
-from stepstream.core.fold import Limits
+from stepstream.core.limits import Limits
 from stepstream.errors import ConfigError
 from stepstream.sinks.ports import DeepStore, StepStore
 
@@ -118,7 +118,7 @@ async def open_step_store(url: str) -> StepStore:
 
 
 async def open_deep_store(url: str, *, limits: Limits | None = None) -> DeepStore:
-    """The deep store at ``url``, opened and ready. ``limits`` (a ``core.fold.Limits``)
+    """The deep store at ``url``, opened and ready. ``limits`` (a ``core.limits.Limits``)
     sets the caps the port clips to; ``None`` means the contract's defaults."""
     scheme = _scheme(url)
     if scheme == "memory":

@@ -66,7 +66,7 @@ from typing import Any, Generic, TypeVar
 
 import msgspec
 
-from stepstream.core.fold import Limits
+from stepstream.core.limits import Limits
 from stepstream.core.records import DeepRecord, RunRecord, RunState, StepRecord
 from stepstream.errors import SinkError, SinkUnavailable
 from stepstream.sinks.ports import Capabilities, RunsPage

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from stepstream.core.fold import Limits
+from stepstream.core.limits import Limits
 from stepstream.core.records import DeepRecord, RunRecord, RunState, StepRecord
 from stepstream.sinks.ports import Capabilities, RunsPage
 from stepstream.sinks.semantics import (

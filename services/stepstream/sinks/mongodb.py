@@ -97,7 +97,7 @@ from typing import Any
 
 import msgspec
 
-from stepstream.core.fold import Limits
+from stepstream.core.limits import Limits
 from stepstream.core.records import DeepRecord, RunRecord, RunState, StepRecord
 from stepstream.errors import ConfigError, SinkError, SinkUnavailable, StepstreamError
 from stepstream.sinks.ports import Capabilities, RunsPage

@@ -29,7 +29,7 @@ from typing import NamedTuple
 import msgspec
 
 from stepstream.core.caps import clip_deep
-from stepstream.core.fold import Limits
+from stepstream.core.limits import Limits
 from stepstream.core.merge import apply_reasoning, merge_step
 from stepstream.core.records import DeepRecord, RunRecord, RunState, StepRecord
 from stepstream.errors import SinkError
