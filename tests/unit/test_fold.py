@@ -10,6 +10,7 @@ import pytest
 from fold_support import T0, Script, Store, ev, fold_all, records_json
 from stepstream.core.caps import CLIP_MARKER
 from stepstream.core.fold import Limits, Output, RunFold
+from stepstream.core.records import Failure
 from stepstream.core.records import RunRecord, RunState
 from stepstream.errors import WireError
 
@@ -410,7 +411,7 @@ def test_run_record_fields():
     store, _ = fold_all(s.events)
     run = store.runs[("acme", "r1")]
     assert (run.agent_name, run.environment, run.status) == ("bot", "prod", "failed")
-    assert run.failure == "crashed with [redacted]"
+    assert run.failure == Failure(type="unknown", message="crashed with [redacted]")
     assert run.started_at == "2026-11-29T10:00:00.000000Z" and run.ended_at == "2026-11-29T10:00:00.002000Z"
     assert run.last_event_at == run.ended_at and run.step_count == 1 and not run.truncated
 
@@ -487,9 +488,15 @@ def test_gap_is_applied_and_counted():
     store = Store()
     for seq in (0, 1, 5, 6, 9):
         store.write(fold.push(ev("state_change", seq, key="k", value=seq), 0.0))
-    assert fold.push(ev("state_change", 4, key="k", value=4), 0.0) is None  # late: stale
+    late = fold.push(ev("state_change", 4, key="k", value=4), 0.0)  # fills the gap 2..4
+    assert late.late and not late.seq_gap and late.steps[0].step_seq == 5
+    store.write(late)
+    assert fold.push(ev("state_change", 4, key="k", value=4), 0.0) is None  # now a duplicate
+    assert fold.push(ev("state_change", 6, key="k", value=6), 0.0) is None
     run = store.runs[("acme", "r1")]
-    assert run.seq_gaps == 2 and run.step_count == 5 and fold.stale == 1
+    assert run.seq_gaps == 2 and run.late_events == 1 and run.step_count == 6
+    assert (fold.stale, fold.late) == (2, 1)
+    assert fold.state.skipped_seqs == ((2, 3), (7, 8))
     first = RunFold("acme", "r2")
     out = first.push(ev("state_change", 3, run="r2", key="k", value=0), 0.0)
     assert out.run.seq_gaps == 1  # the run's first seen event is not seq 0

@@ -97,7 +97,7 @@ times = st.one_of(
 
 PAYLOADS: dict[str, Any] = {
     "run_start": st.fixed_dictionaries(
-        {"agent_name": strings}, optional={"environment": maybe(strings | json_values), "metadata": maybe(objects)}
+        {"agent_name": strings}, optional={"environment": maybe(strings | objects | json_values), "metadata": maybe(objects)}
     ),
     "llm_request": st.fixed_dictionaries(
         {"call_id": call_ids, "provider": strings, "model": strings, "input": json_values},
@@ -122,7 +122,14 @@ PAYLOADS: dict[str, Any] = {
     "state_change": st.fixed_dictionaries({"key": strings, "value": json_values}),
     "error": st.fixed_dictionaries({"message": strings}, optional={"kind": maybe(strings)}),
     "run_end": st.fixed_dictionaries(
-        {"status": st.sampled_from(["completed", "failed", "paused"])}, optional={"failure": maybe(strings)}
+        {"status": st.sampled_from(["completed", "failed", "paused"])}, optional={
+            "failure": maybe(
+                strings
+                | st.fixed_dictionaries(
+                    {"type": strings, "message": strings}, optional={"step": ints, "extra": json_values}
+                )
+            )
+        },
     ),
 }
 

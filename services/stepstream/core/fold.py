@@ -72,16 +72,17 @@ Pure: no I/O, no clock (``now`` is passed in, only for the idle timer).
 from __future__ import annotations
 
 import sys
+from bisect import bisect_right
 from datetime import datetime
 from typing import Any, Callable
 
 import msgspec
 
 from stepstream.core import wire
-from stepstream.core.caps import clip_chunk
+from stepstream.core.caps import clip, clip_chunk
 from stepstream.core.limits import Limits
-from stepstream.core.records import DeepRecord, RunRecord, RunState, StepRecord
-from stepstream.core.redact import mask_credentials
+from stepstream.core.records import DeepRecord, Failure, RunRecord, RunState, StepRecord
+from stepstream.core.redact import mask_credentials, redact
 from stepstream.core.steps import CALLS, OPENERS, RESULTS, Rows, call_key, opening_rows, result_rows, thinking_step
 from stepstream.core.timefmt import TS_MAX, TS_MIN, WINDOW, format_ts, in_window, parse_ts
 from stepstream.errors import WireError
@@ -93,7 +94,10 @@ MAX_TOKEN_TOTAL = 2**63 - 1
 
 
 class Output(msgspec.Struct):
-    """Everything one call produced, in write order (see the module docstring)."""
+    """Everything one call produced, in write order (see the module docstring), and
+    what the worker counts: the flush triggers, the clipped fields, whether the
+    event opened a gap (``seq_gap``) or filled one (``late``), and how many steps
+    the run dropped at its ceiling (``dropped``)."""
 
     steps: list[StepRecord] = []
     deeps: list[DeepRecord] = []
@@ -101,10 +105,14 @@ class Output(msgspec.Struct):
     state: RunState | None = None
     flushes: list[str] = []
     clipped: list[str] = []
+    seq_gap: bool = False
+    late: bool = False
+    dropped: int = 0
 
 
 _Handler = Callable[["RunFold", Any, str, Output], None]
 _ThinkingDelta = wire.ThinkingDelta
+_NO_FAILURE = "the run_end gave no failure"
 
 
 def _utf8_len(text: str) -> int:
@@ -122,6 +130,7 @@ class RunFold:
         "_dirty", "_max_ts", "_max_ts_str", "_th_ord", "_th_chars", "_th_clipped",
         "_th_started", "_pending", "_tail", "_tail_chars", "_tail_bytes", "_tail_deltas", "_delta_now",
         "_max_steps", "_flush_bytes", "_flush_deltas", "_max_seq_jump",
+        "late", "_skipped", "_awaiting",
     )  # fmt: skip
 
     def __init__(self, company_id: str, run_id: str, state: RunState | None = None, limits: Limits = Limits()):
@@ -133,6 +142,7 @@ class RunFold:
         self._flush_deltas = limits.flush_deltas
         self._max_seq_jump = limits.max_seq_jump
         self.stale = 0
+        self.late = 0
         self._pending = False
         self._tail: list[str] = []
         self._tail_chars = 0
@@ -151,6 +161,8 @@ class RunFold:
         self._th_chars = state.thinking_chars
         self._th_clipped = state.thinking_clipped
         self._th_started: datetime | str | None = state.thinking_started_at  # formatted lazily
+        self._skipped = state.skipped_seqs
+        self._awaiting: dict[str, int] | None = dict(state.awaiting_calls) if state.awaiting_calls else None
         run = state.run
         if run is None:
             run = RunRecord(company_id=self.company_id, run_id=run_id)
@@ -185,9 +197,11 @@ class RunFold:
         seq = event.seq
         last = self._last_seq
         if seq <= last:
-            self.stale += 1
-            return None
-        if seq - last > self._max_seq_jump:
+            skipped = self._skipped_range(seq) if self._skipped else -1
+            if skipped < 0:
+                self.stale += 1
+                return None
+        elif seq - last > self._max_seq_jump:
             raise WireError(
                 "seq_jump", f"`$.seq` is more than {self._max_seq_jump} past the run's last applied seq ({last})"
             )
@@ -199,26 +213,35 @@ class RunFold:
         if outside:
             raise WireError("out_of_range", f"Expected a time {WINDOW} (in UTC) - at `$.ts`")
         # Nothing below raises: every time it formats is in the window, and its sums saturate.
-        self._last_seq = seq
-        if seq != last + 1:
-            self._run.seq_gaps += 1
-            self._dirty = True
-        latest = self._max_ts
-        if type(event) is _ThinkingDelta:
+        dropped = self._run.dropped_steps
+        if seq <= last:
+            out = self._late(event, skipped)
+        elif seq != last + 1:
+            out = self._after_gap(event, last, now)
+        else:
+            self._last_seq = seq
+            latest = self._max_ts
+            if type(event) is _ThinkingDelta:
+                if latest is None or ts > latest:
+                    self._see(ts)
+                ordinal = self._th_ord
+                if ordinal is None or ordinal >= self._max_steps:
+                    out = self._delta_start(event, now)
+                    if self._run.dropped_steps != dropped:
+                        out.dropped = self._run.dropped_steps - dropped
+                    return out
+                return self._buffer(event.payload.text, now)
+            at = format_ts(ts)
+            out = Output([], [], None, None, [], [])
+            if self._th_ord is not None:
+                self._flush_thinking(out, "close", close=True)
             if latest is None or ts > latest:
                 self._see(ts)
-            ordinal = self._th_ord
-            if ordinal is None or ordinal >= self._max_steps:
-                return self._delta_start(event, now)
-            return self._buffer(event.payload.text, now)
-        at = format_ts(ts)
-        out = Output([], [], None, None, [], [])
-        if self._th_ord is not None:
-            self._flush_thinking(out, "close", close=True)
-        if latest is None or ts > latest:
-            self._see(ts)
-        _HANDLERS[type(event)](self, event, at, out)
-        return self._finish(out)
+            _HANDLERS[type(event)](self, event, at, out)
+            out = self._finish(out)
+        if self._run.dropped_steps != dropped:
+            out.dropped = self._run.dropped_steps - dropped
+        return out
 
     def flush_idle(self, now: float) -> Output | None:
         """Flush a pending tail (trigger ``idle``) if no delta came for
@@ -277,6 +300,8 @@ class RunFold:
             thinking_started_at=self._started_text(),
             open_calls={} if self._open is None else dict(self._open),
             run=run,
+            skipped_seqs=self._skipped,
+            awaiting_calls={} if self._awaiting is None else dict(self._awaiting),
         )
 
     def _finish(self, out: Output) -> Output:
@@ -382,6 +407,17 @@ class RunFold:
 
     def _opening(self, event: Any, at: str, out: Output) -> None:
         """A tool call, LLM request, state change or error: a new ordinal."""
+        if self._awaiting is not None and type(event) in CALLS:
+            ordinal = self._awaiting.pop(call_key(event), None)
+            if ordinal is not None:
+                # Its result came first and made the step: fill in the call's fields,
+                # keep the result's status (the store keeps what a None leaves).
+                if not self._awaiting:
+                    self._awaiting = None
+                rows = opening_rows(event, self.company_id, self.run_id, ordinal, at, self.limits)
+                rows.step.status = None
+                self._emit(out, rows)
+                return
         ordinal = self._alloc()
         if ordinal is None:
             return
@@ -400,21 +436,25 @@ class RunFold:
             run.output_tokens = min(run.output_tokens + usage.output_tokens, MAX_TOKEN_TOTAL)
             run.reasoning_tokens = min(run.reasoning_tokens + usage.reasoning_tokens, MAX_TOKEN_TOTAL)
             self._dirty = True
-        ordinal = None if self._open is None else self._open.pop(call_key(event), None)
+        key = call_key(event)
+        ordinal = None if self._open is None else self._open.pop(key, None)
         matched = ordinal is not None
         if ordinal is None:
             if self._next >= self._max_steps:
                 return  # the result of a dropped call, or nothing to match in a truncated run
             ordinal = self._alloc()
             assert ordinal is not None
+            if self._skipped and self._skipped[0][0] < event.seq:
+                self._await_call(key, ordinal)  # its call may be in a gap below it
         self._emit(out, result_rows(event, self.company_id, self.run_id, ordinal, at, self.limits, matched=matched))
 
     def _run_start(self, event: wire.RunStart, at: str, out: Output) -> None:
         p = event.payload
         run = self._run
         run.agent_name = p.agent_name
-        if p.environment is not None:
-            run.environment = p.environment
+        environment = p.environment
+        if environment is not None:
+            run.environment = environment if type(environment) is str else redact(environment).value
         run.started_at = at
         self._dirty = True
 
@@ -422,9 +462,108 @@ class RunFold:
         p = event.payload
         run = self._run
         run.status = p.status
-        run.failure = None if p.failure is None else mask_credentials(p.failure)
+        run.failure = _failure(p)
         run.ended_at = at
         self._dirty = True
+
+    # -- late events ------------------------------------------------------------
+
+    def _skipped_range(self, seq: int) -> int:
+        """The index of the skipped range holding ``seq``, or -1 (a duplicate)."""
+        ranges = self._skipped
+        index = bisect_right(ranges, (seq, MAX_TOKEN_TOTAL)) - 1
+        return index if index >= 0 and ranges[index][1] >= seq else -1
+
+    def _after_gap(self, event: wire.Event, last: int, now: float) -> Output:
+        """An event past a gap: remember the skipped seqs, close an open thinking run
+        (the missing events may hold what closed it), then apply the event."""
+        seq = event.seq
+        ranges = (*self._skipped, (last + 1, seq - 1))
+        if len(ranges) > self.limits.late_ranges:
+            ranges = ranges[len(ranges) - self.limits.late_ranges :]  # the oldest are forgotten
+        self._skipped = ranges
+        self._run.seq_gaps += 1
+        self._dirty = True
+        self._last_seq = seq
+        out = Output([], [], None, None, [], [])
+        if self._th_ord is not None:
+            self._flush_thinking(out, "close", close=True)
+        ts = event.ts
+        if self._max_ts is None or ts > self._max_ts:
+            self._see(ts)
+        if type(event) is _ThinkingDelta:
+            more = self._delta_start(event, now)
+            out.steps += more.steps
+            out.deeps += more.deeps
+            out.flushes += more.flushes
+            out.clipped += more.clipped
+            out.run, out.state = more.run, more.state
+            if more.state is None and not out.steps:
+                out = more  # only buffered
+        else:
+            _HANDLERS[type(event)](self, event, format_ts(ts), out)
+            out = self._finish(out)
+        out.seq_gap = True
+        return out
+
+    def _late(self, event: wire.Event, skipped: int) -> Output:
+        """An event that fills a skipped seq. It makes or completes its own step as an
+        in-order event would, but never touches the open thinking run: a late delta
+        becomes a closed thinking step of its own."""
+        seq = event.seq
+        first, last = self._skipped[skipped]
+        pieces = tuple(r for r in ((first, seq - 1), (seq + 1, last)) if r[0] <= r[1])
+        self._skipped = self._skipped[:skipped] + pieces + self._skipped[skipped + 1 :]
+        if not self._skipped:
+            self._awaiting = None  # no call can arrive late any more
+        self.late += 1
+        run = self._run
+        run.late_events += 1
+        self._dirty = True
+        ts = event.ts
+        if self._max_ts is None or ts > self._max_ts:
+            self._see(ts)
+        at = format_ts(ts)
+        out = Output([], [], None, None, [], [])
+        out.late = True
+        if type(event) is _ThinkingDelta:
+            self._late_delta(event, at, out)
+        else:
+            _HANDLERS[type(event)](self, event, at, out)
+        return self._finish(out)
+
+    def _late_delta(self, event: wire.ThinkingDelta, at: str, out: Output) -> None:
+        ordinal = self._alloc()
+        if ordinal is None:
+            return
+        text = event.payload.text
+        body, cut = clip(text, self.limits.reasoning_chars)
+        out.deeps.append(DeepRecord(company_id=self.company_id, run_id=self.run_id, step_seq=ordinal,
+                                    kind="thinking", ts=at, reasoning=body, clipped=cut))  # fmt: skip
+        if cut:
+            out.clipped.append("reasoning")
+        out.steps.append(
+            thinking_step(self.company_id, self.run_id, ordinal, chars=len(text), started_at=at, ts=at, closed=True)
+        )
+
+    def _await_call(self, key: str, ordinal: int) -> None:
+        awaiting = self._awaiting
+        if awaiting is None:
+            awaiting = self._awaiting = {}
+        awaiting[key] = ordinal
+        if len(awaiting) > self.limits.late_ranges:
+            del awaiting[next(iter(awaiting))]  # the oldest is forgotten
+
+
+def _failure(p: wire.RunEndPayload) -> Failure | None:
+    """The run record's failure: a string is the message of type ``unknown``; a
+    failed run with none gets type ``unknown`` (accepted, not dead-lettered)."""
+    failure = p.failure
+    if failure is None:
+        return Failure(type="unknown", message=_NO_FAILURE) if p.status == "failed" else None
+    if type(failure) is str:
+        return Failure(type="unknown", message=mask_credentials(failure))
+    return Failure(type=mask_credentials(failure.type), message=mask_credentials(failure.message), step=failure.step)
 
 
 _HANDLERS: dict[type, _Handler] = {

@@ -77,15 +77,27 @@ class DeepRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
     clipped: bool = False
 
 
+class Failure(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """Why a run failed (the ``.sftrace`` manifest's shape). ``type`` is ``unknown``
+    when the agent gave only a message, or nothing (``core.fold``)."""
+
+    type: str
+    message: str
+    step: int | None = None
+
+
 class RunRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
-    """One run. Always written whole (the engine holds it in the run's state)."""
+    """One run. Always written whole (the engine holds it in the run's state).
+    ``environment`` is the run_start's object (redacted) or string, kept structured.
+    ``seq_gaps`` counts the gaps seen, ``late_events`` the events that filled one
+    later (duplicates are counted by neither)."""
 
     company_id: str
     run_id: str
     agent_name: str | None = None
-    environment: str | None = None
+    environment: dict[str, Any] | str | None = None
     status: RunStatus = "running"
-    failure: str | None = None
+    failure: Failure | None = None
     started_at: str | None = None
     ended_at: str | None = None
     last_event_at: str | None = None
@@ -96,6 +108,7 @@ class RunRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
     truncated: bool = False
     dropped_steps: int = 0
     seq_gaps: int = 0
+    late_events: int = 0
 
 
 class RunState(msgspec.Struct, kw_only=True):
@@ -114,4 +127,9 @@ class RunState(msgspec.Struct, kw_only=True):
     thinking_started_at: str | None = None
     # Open tool and LLM calls: "tool:<call_id>" or "llm:<call_id>" -> ordinal.
     open_calls: dict[str, int] = {}
+    # Late events (core.fold): the seqs a gap skipped, as ascending inclusive
+    # [first, last] ranges (at most Limits.late_ranges), and the results that made
+    # a step before their call arrived: call key -> ordinal.
+    skipped_seqs: tuple[tuple[int, int], ...] = ()
+    awaiting_calls: dict[str, int] = {}
     run: RunRecord | None = None

@@ -19,8 +19,8 @@ them), so an upsert filtered on the key fields would cost a full scan each.
 Run-wide reads (``get_steps``, ``list_runs``, purges) filter on the key fields,
 which MongoDB serves from the indexes and FerretDB-on-SQLite by a scan.
 
-Documents hold the record's fields, with two choices: ``run_steps.arguments``
-is JSON *text* and ``run_state.state`` is the whole RunState as JSON text,
+Documents hold the record's fields, with three choices: ``run_steps.arguments``
+and ``runs.environment`` are JSON *text* and ``run_state.state`` is the whole RunState as JSON text,
 because free-form keys (``$ref``, ``a.b``, ``tool:call.1``) are not safe BSON
 field names everywhere and integers beyond int64 are not BSON at all.
 
@@ -309,6 +309,8 @@ def row_id(company_id: str, run_id: str, step_seq: int | None = None) -> str:
 
 def _run_op(run: RunRecord) -> Any:
     doc = _to_builtins(run)
+    if run.environment is not None:  # free-form keys: JSON text, as step arguments
+        doc["environment"] = _json.encode(run.environment).decode()
     doc["recency"] = recency(run)
     return ReplaceOne({"_id": row_id(run.company_id, run.run_id)}, doc, upsert=True)
 
@@ -357,6 +359,9 @@ def _step(doc: dict[str, Any]) -> StepRecord:
 
 
 def _run(doc: dict[str, Any]) -> RunRecord:
+    environment = doc.pop("environment", None)
+    if environment is not None:
+        doc["environment"] = msgspec.json.decode(environment)
     return msgspec.convert(doc, RunRecord)
 
 

@@ -9,7 +9,8 @@ Schema (created if missing; columns mirror the record fields)::
 
     run_steps         PRIMARY KEY (company_id, run_id, step_seq), WITHOUT ROWID;
                       arguments is JSON text
-    runs              PRIMARY KEY (company_id, run_id), WITHOUT ROWID, plus
+    runs              PRIMARY KEY (company_id, run_id), WITHOUT ROWID;
+                      environment and failure are JSON text; plus
                       recency = coalesce(started_at, last_event_at, '') and the
                       index runs_recency (company_id, recency DESC, run_id DESC)
     run_state         PRIMARY KEY (company_id, run_id), WITHOUT ROWID; state is the
@@ -99,6 +100,7 @@ _STEP_COLS = StepRecord.__struct_fields__
 _RUN_COLS = RunRecord.__struct_fields__
 _DEEP_COLS = tuple(f for f in DeepRecord.__struct_fields__ if f != "reasoning_offset")
 _STEP_ARGS = _STEP_COLS.index("arguments")
+_RUN_JSON = (_RUN_COLS.index("environment"), _RUN_COLS.index("failure"))
 _KEY3 = ("company_id", "run_id", "step_seq")
 _KEY2 = ("company_id", "run_id")
 _SQL_TYPES = {int: "INTEGER", bool: "INTEGER", str: "TEXT"}
@@ -232,8 +234,15 @@ def step_params(steps: Sequence[StepRecord]) -> list[tuple[Any, ...]]:
 
 
 def run_params(runs: Sequence[RunRecord]) -> list[tuple[Any, ...]]:
-    astuple = msgspec.structs.astuple
-    return [(*astuple(r), recency(r)) for r in runs]
+    astuple, encode = msgspec.structs.astuple, _json.encode
+    out = []
+    for r in runs:
+        row = list(astuple(r))
+        for i in _RUN_JSON:  # structured fields are JSON text
+            if row[i] is not None:
+                row[i] = encode(row[i]).decode()
+        out.append((*row, recency(r)))
+    return out
 
 
 def state_params(states: Sequence[RunState]) -> list[tuple[Any, ...]]:
@@ -403,7 +412,11 @@ def _run(row: Sequence[Any]) -> RunRecord:
     values = dict(zip(_RUN_COLS, row, strict=True))
     for name in _RUN_BOOLS:
         values[name] = bool(values[name])
-    return RunRecord(**values)
+    for i in _RUN_JSON:
+        name = _RUN_COLS[i]
+        if values[name] is not None:
+            values[name] = msgspec.json.decode(values[name])
+    return msgspec.convert(values, RunRecord)
 
 
 def _deep(row: Sequence[Any]) -> DeepRecord:
