@@ -407,17 +407,6 @@ class RunFold:
 
     def _opening(self, event: Any, at: str, out: Output) -> None:
         """A tool call, LLM request, state change or error: a new ordinal."""
-        if self._awaiting is not None and type(event) in CALLS:
-            ordinal = self._awaiting.pop(call_key(event), None)
-            if ordinal is not None:
-                # Its result came first and made the step: fill in the call's fields,
-                # keep the result's status (the store keeps what a None leaves).
-                if not self._awaiting:
-                    self._awaiting = None
-                rows = opening_rows(event, self.company_id, self.run_id, ordinal, at, self.limits)
-                rows.step.status = None
-                self._emit(out, rows)
-                return
         ordinal = self._alloc()
         if ordinal is None:
             return
@@ -474,14 +463,17 @@ class RunFold:
         index = bisect_right(ranges, (seq, MAX_TOKEN_TOTAL)) - 1
         return index if index >= 0 and ranges[index][1] >= seq else -1
 
+    def _bounded(self, ranges: tuple[tuple[int, int], ...]) -> tuple[tuple[int, int], ...]:
+        """At most ``late_ranges`` ranges: the oldest (lowest) are forgotten, so their
+        seqs count as duplicates if they ever arrive."""
+        over = len(ranges) - self.limits.late_ranges
+        return ranges[over:] if over > 0 else ranges
+
     def _after_gap(self, event: wire.Event, last: int, now: float) -> Output:
         """An event past a gap: remember the skipped seqs, close an open thinking run
         (the missing events may hold what closed it), then apply the event."""
         seq = event.seq
-        ranges = (*self._skipped, (last + 1, seq - 1))
-        if len(ranges) > self.limits.late_ranges:
-            ranges = ranges[len(ranges) - self.limits.late_ranges :]  # the oldest are forgotten
-        self._skipped = ranges
+        self._skipped = self._bounded((*self._skipped, (last + 1, seq - 1)))
         self._run.seq_gaps += 1
         self._dirty = True
         self._last_seq = seq
@@ -513,9 +505,7 @@ class RunFold:
         seq = event.seq
         first, last = self._skipped[skipped]
         pieces = tuple(r for r in ((first, seq - 1), (seq + 1, last)) if r[0] <= r[1])
-        self._skipped = self._skipped[:skipped] + pieces + self._skipped[skipped + 1 :]
-        if not self._skipped:
-            self._awaiting = None  # no call can arrive late any more
+        self._skipped = self._bounded(self._skipped[:skipped] + pieces + self._skipped[skipped + 1 :])
         self.late += 1
         run = self._run
         run.late_events += 1
@@ -524,13 +514,31 @@ class RunFold:
         if self._max_ts is None or ts > self._max_ts:
             self._see(ts)
         at = format_ts(ts)
+        if run.started_at is None or at < run.started_at:
+            run.started_at = at
         out = Output([], [], None, None, [], [])
         out.late = True
-        if type(event) is _ThinkingDelta:
+        kind = type(event)
+        if kind is _ThinkingDelta:
             self._late_delta(event, at, out)
+        elif kind in CALLS and self._awaiting is not None and call_key(event) in self._awaiting:
+            self._late_call(event, at, out)
         else:
-            _HANDLERS[type(event)](self, event, at, out)
+            _HANDLERS[kind](self, event, at, out)
+        if not self._skipped:
+            self._awaiting = None  # no call can arrive late any more
         return self._finish(out)
+
+    def _late_call(self, event: Any, at: str, out: Output) -> None:
+        """A late call whose result came first and made the step: fill in the call's
+        fields and keep the result's status (the store keeps what a ``None`` leaves)."""
+        assert self._awaiting is not None
+        ordinal = self._awaiting.pop(call_key(event))
+        if not self._awaiting:
+            self._awaiting = None
+        rows = opening_rows(event, self.company_id, self.run_id, ordinal, at, self.limits)
+        rows.step.status = None
+        self._emit(out, rows)
 
     def _late_delta(self, event: wire.ThinkingDelta, at: str, out: Output) -> None:
         ordinal = self._alloc()
