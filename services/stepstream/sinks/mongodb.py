@@ -102,6 +102,7 @@ from stepstream.core.records import DeepRecord, RunRecord, RunState, StepRecord
 from stepstream.errors import ConfigError, SinkError, SinkUnavailable, StepstreamError
 from stepstream.sinks.ports import Capabilities, RunsPage
 from stepstream.sinks.semantics import (
+    ClipHook,
     RunKey,
     admit,
     apply_reasoning,
@@ -489,6 +490,7 @@ class MongoDeepStore:
     def __init__(self, url: str, limits: Limits | None = None) -> None:
         self._conn = _Connection(url)
         self._limits = limits
+        self.on_clip: ClipHook | None = None  # set by open_deep_store; counts clips at the port
         self._write_lock = asyncio.Lock()
 
     @property
@@ -509,7 +511,7 @@ class MongoDeepStore:
     async def write(self, deeps: Sequence[DeepRecord]) -> None:
         if not deeps:
             return
-        deeps = clip_batch(deeps, self._limits)
+        deeps = clip_batch(deeps, self._limits, self.on_clip)
         async with self._write_lock, _translated("write run_step_details"):
             stored = await self._stored_reasoning(deeps)
             current = dict(stored)

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import base64
 import binascii
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import NamedTuple
 
 import msgspec
@@ -40,6 +40,7 @@ RunKey = tuple[str, str]
 __all__ = [
     "DEFAULT_LIMITS",
     "Admitted",
+    "ClipHook",
     "RunKey",
     "admit",
     "apply_deep",
@@ -171,11 +172,32 @@ def check_keep(keep: int) -> int:
 DEFAULT_LIMITS = Limits()
 
 
-def clip_batch(deeps: Iterable[DeepRecord], limits: Limits | None = None) -> list[DeepRecord]:
+ClipHook = Callable[[str], None]
+
+
+def clip_batch(
+    deeps: Iterable[DeepRecord], limits: Limits | None = None, on_clip: ClipHook | None = None
+) -> list[DeepRecord]:
     """Every record clipped to the caps of ``limits`` (default: the contract's) with
-    ``core.caps.clip_deep``; a record within them is passed through as is."""
+    ``core.caps.clip_deep``; a record within them is passed through as is. ``on_clip``
+    hears the name of every body the port cut (the worker counts them in
+    ``stepstream_clipped_bodies``); a record the engine made is already within the
+    caps, so only a foreign one (an import, a smaller cap here) is ever cut."""
     limits = limits or DEFAULT_LIMITS
-    return [clip_deep(d, limits) for d in deeps]
+    if on_clip is None:
+        return [clip_deep(d, limits) for d in deeps]
+    out = []
+    for deep in deeps:
+        clipped = clip_deep(deep, limits)
+        if clipped is not deep:
+            for field in _BODIES:
+                if getattr(clipped, field) is not getattr(deep, field):
+                    on_clip(field)
+        out.append(clipped)
+    return out
+
+
+_BODIES = ("reasoning", "arguments", "output")
 
 
 def newest_first(last_ts: dict[str, str]) -> list[tuple[str, str]]:

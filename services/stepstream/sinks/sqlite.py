@@ -67,6 +67,7 @@ from stepstream.core.records import DeepRecord, RunRecord, RunState, StepRecord
 from stepstream.errors import ConfigError, SinkError, SinkUnavailable
 from stepstream.sinks.ports import Capabilities, RunsPage
 from stepstream.sinks.semantics import (
+    ClipHook,
     RunKey,
     admit,
     apply_reasoning,
@@ -519,6 +520,7 @@ class SqliteDeepStore:
     ) -> None:
         self._db = _Database(path, synchronous, busy_timeout_ms)
         self._limits = limits
+        self.on_clip: ClipHook | None = None  # set by open_deep_store; counts clips at the port
 
     @property
     def durability(self) -> str:
@@ -532,7 +534,7 @@ class SqliteDeepStore:
     async def write(self, deeps: Sequence[DeepRecord]) -> None:
         if not deeps:
             return
-        clipped = clip_batch(deeps, self._limits)
+        clipped = clip_batch(deeps, self._limits, self.on_clip)
 
         async def body(conn: aiosqlite.Connection) -> None:
             await _write_rows(conn, "run_step_details", _UPSERT_DEEP, deep_params, clipped)
