@@ -59,10 +59,13 @@ class StepRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
 
 
 class DeepRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
-    """The unredacted companion of one step. Bodies are text, capped in characters:
-    ``reasoning`` 65,536, ``output`` 65,536, ``arguments`` 32,768 (see ``core.caps``).
-    ``arguments`` and ``output`` are JSON text (a string output is stored as its JSON
-    string literal), so a stored body can be parsed back unless it was clipped.
+    """The unredacted companion of one step. Bodies are capped in characters of what
+    a reader sees: ``reasoning`` 65,536, ``output`` 65,536, ``arguments`` 32,768
+    (``core.caps``). ``arguments`` and ``output`` are JSON *values*: the raw string,
+    object, array or number as the event carried it, or, once over the cap, a string
+    holding the head of its text and the clip marker (``clipped`` is then set).
+    A body whose value is JSON ``null`` reads as ``None`` (no body): a completed
+    step with no output body had the output ``null``.
     ``ts`` is the event time of the write; the deep store ranks runs by its maximum."""
 
     company_id: str
@@ -72,8 +75,8 @@ class DeepRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
     ts: str
     reasoning: str | None = None
     reasoning_offset: int = 0
-    arguments: str | None = None
-    output: str | None = None
+    arguments: Any | None = None
+    output: Any | None = None
     clipped: bool = False
 
 

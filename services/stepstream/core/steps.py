@@ -4,7 +4,7 @@
 it writes there. Per event type:
 
 ============== ===================== ================================ ===========================
-event          step label            step arguments (redacted)        deep body (raw JSON text)
+event          step label            step arguments (redacted)        deep body (raw JSON value)
 ============== ===================== ================================ ===========================
 tool_call      the tool              the arguments                    ``arguments``: the arguments
 llm_request    ``provider/model``    the params                       ``arguments``: the input

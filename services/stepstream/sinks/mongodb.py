@@ -19,8 +19,8 @@ them), so an upsert filtered on the key fields would cost a full scan each.
 Run-wide reads (``get_steps``, ``list_runs``, purges) filter on the key fields,
 which MongoDB serves from the indexes and FerretDB-on-SQLite by a scan.
 
-Documents hold the record's fields, with three choices: ``run_steps.arguments``
-and ``runs.environment`` are JSON *text* and ``run_state.state`` is the whole RunState as JSON text,
+Documents hold the record's fields, with three choices: ``run_steps.arguments``,
+``runs.environment`` and the deep bodies ``arguments`` and ``output`` are JSON *text*, and ``run_state.state`` is the whole RunState as JSON text,
 because free-form keys (``$ref``, ``a.b``, ``tool:call.1``) are not safe BSON
 field names everywhere and integers beyond int64 are not BSON at all.
 
@@ -367,7 +367,11 @@ def _run(doc: dict[str, Any]) -> RunRecord:
 
 
 def _deep(doc: dict[str, Any]) -> DeepRecord:
-    return msgspec.convert(doc, DeepRecord)
+    bodies = {name: doc.pop(name) for name in ("arguments", "output") if doc.get(name) is not None}
+    deep = msgspec.convert(doc, DeepRecord)
+    for name, text in bodies.items():
+        setattr(deep, name, msgspec.json.decode(text))
+    return deep
 
 
 class MongoStepStore:
@@ -532,9 +536,9 @@ class MongoDeepStore:
                         current.get(key), d.reasoning_offset, d.reasoning
                     )
                 if d.arguments is not None:
-                    fields["arguments"] = d.arguments
+                    fields["arguments"] = _json.encode(d.arguments).decode()
                 if d.output is not None:
-                    fields["output"] = d.output
+                    fields["output"] = _json.encode(d.output).decode()
                 if d.clipped:
                     fields["clipped"] = True
             ops = []

@@ -15,7 +15,8 @@ Schema (created if missing; columns mirror the record fields)::
                       index runs_recency (company_id, recency DESC, run_id DESC)
     run_state         PRIMARY KEY (company_id, run_id), WITHOUT ROWID; state is the
                       msgspec JSON of the RunState
-    run_step_details  PRIMARY KEY (company_id, run_id, step_seq) (a rowid table:
+    run_step_details  arguments and output are the JSON text of the body value;
+                      PRIMARY KEY (company_id, run_id, step_seq) (a rowid table:
                       bodies are large), index run_step_details_recency
                       (company_id, run_id, ts) that also covers list_deep_runs
 
@@ -102,6 +103,7 @@ _RUN_COLS = RunRecord.__struct_fields__
 _DEEP_COLS = tuple(f for f in DeepRecord.__struct_fields__ if f != "reasoning_offset")
 _STEP_ARGS = _STEP_COLS.index("arguments")
 _RUN_JSON = (_RUN_COLS.index("environment"), _RUN_COLS.index("failure"))
+_DEEP_JSON = tuple(DeepRecord.__struct_fields__.index(name) for name in ("arguments", "output"))
 _KEY3 = ("company_id", "run_id", "step_seq")
 _KEY2 = ("company_id", "run_id")
 _SQL_TYPES = {int: "INTEGER", bool: "INTEGER", str: "TEXT"}
@@ -252,8 +254,17 @@ def state_params(states: Sequence[RunState]) -> list[tuple[Any, ...]]:
 
 
 def deep_params(deeps: Sequence[DeepRecord]) -> list[tuple[Any, ...]]:
-    astuple = msgspec.structs.astuple
-    return [astuple(d) for d in deeps]
+    astuple, encode = msgspec.structs.astuple, _json.encode
+    out = []
+    for d in deeps:
+        row = astuple(d)
+        if d.arguments is not None or d.output is not None:
+            row = list(row)
+            for i in _DEEP_JSON:  # bodies are JSON values: stored as their JSON text
+                if row[i] is not None:
+                    row[i] = encode(row[i]).decode()
+        out.append(tuple(row))
+    return out
 
 
 def is_retriable(exc: sqlite3.Error) -> bool:
@@ -423,6 +434,9 @@ def _run(row: Sequence[Any]) -> RunRecord:
 def _deep(row: Sequence[Any]) -> DeepRecord:
     values = dict(zip(_DEEP_COLS, row, strict=True))
     values["clipped"] = bool(values["clipped"])
+    for name in ("arguments", "output"):
+        if values[name] is not None:
+            values[name] = msgspec.json.decode(values[name])
     return DeepRecord(**values)
 
 
