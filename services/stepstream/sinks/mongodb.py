@@ -66,7 +66,8 @@ merge needs ``stored[:offset] + written + stored[offset + len(written):]``;
 MongoDB could do it with an update pipeline (``$substrCP``/``$concat``) but
 FerretDB 1.x rejects pipeline updates, so the adapter reads the stored reasoning
 of every row the batch writes reasoning to (one ``_id`` lookup each) and
-``$set`` s the merged text.
+``$set`` s the text ``core.merge.apply_reasoning`` makes of it (the one
+definition of the rule).
 That is a read-modify-write: correct because one run is written by one worker at
 a time (Kafka partitioning) and this store serialises its own deep writes. A row
 whose stored text was merged is then updated without upsert, and no text is

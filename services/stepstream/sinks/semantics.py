@@ -2,15 +2,13 @@
 batch, run recency and its cursor, the clipping every deep write goes through at
 the port (``core.caps``), and the error a value no backend column can hold becomes.
 
-The merge here is the *store's* view of ``core.records``: a stored deep row
-always starts at character 0, and a write at ``reasoning_offset`` N overwrites
-its own span, ``stored[:N] + written + stored[N + len(written):]``
-(``core.merge.apply_reasoning``; an offset past the stored end simply appends,
-as Python slicing does). A deep row's ``ts`` is the latest it was written with
-(``max``), as ``core.merge.merge_deep`` coalesces a batch, so a row is the same
-whether or not the worker's batch boundaries fell between two writes. The
-memory and file backends apply it in Python; SQLite and MongoDB implement the
-same rule natively and the conformance suite holds them to it.
+The merge is ``core.merge`` (re-exported here: :func:`apply_deep`,
+:func:`apply_reasoning`, :func:`merge_step`), the one definition of the write
+semantics of ``core.records``: a stored deep row always starts at character 0,
+a write at ``reasoning_offset`` N overwrites its own span, a deep row's ``ts``
+is the latest it was written with. The memory and file backends apply it in
+Python; SQLite calls :func:`apply_reasoning` from SQL and MongoDB from its
+read-modify-write, and the conformance suite holds every backend to it.
 
 **Stale runs** (:func:`admit`). A step batch carries at most one state per run
 that matters, its last; a run whose stored state's ``last_seq`` is not below
@@ -30,7 +28,7 @@ import msgspec
 
 from stepstream.core.caps import clip_deep
 from stepstream.core.limits import Limits
-from stepstream.core.merge import apply_reasoning, merge_step
+from stepstream.core.merge import apply_deep, apply_reasoning, merge_step
 from stepstream.core.records import DeepRecord, RunRecord, RunState, StepRecord
 from stepstream.errors import SinkError
 from stepstream.sinks.ports import InvalidCursor
@@ -58,26 +56,6 @@ __all__ = [
     "state_keys",
     "unstorable",
 ]
-
-
-def apply_deep(stored: DeepRecord | None, written: DeepRecord) -> DeepRecord:
-    """The row a store holds after ``written`` lands on ``stored``. The result
-    always has ``reasoning_offset`` 0."""
-    if stored is None:
-        if written.reasoning_offset:
-            return msgspec.structs.replace(written, reasoning_offset=0)
-        return written
-    return DeepRecord(
-        company_id=stored.company_id,
-        run_id=stored.run_id,
-        step_seq=stored.step_seq,
-        kind=written.kind,
-        ts=max(stored.ts, written.ts),
-        reasoning=apply_reasoning(stored.reasoning, written.reasoning_offset, written.reasoning),
-        arguments=written.arguments if written.arguments is not None else stored.arguments,
-        output=written.output if written.output is not None else stored.output,
-        clipped=stored.clipped or written.clipped,
-    )
 
 
 def state_keys(states: Sequence[RunState]) -> list[RunKey]:

@@ -29,9 +29,10 @@ batches. A step batch first reads, inside that transaction, the stored
 so the check and the write are one atomic step for every writer of the file.
 The merge is SQL: ``col = coalesce(excluded.col, col)``,
 ``clipped = max(clipped, excluded.clipped)``, ``ts = max(ts, excluded.ts)``
-and, for the positional reasoning of a row that has text,
+and, for every reasoning write,
 ``stepstream_splice(reasoning, offset, excluded.reasoning)``: a SQL function
-registered on the writer connection that is ``core.merge.apply_reasoning``
+registered on the writer connection that is ``core.merge.apply_reasoning`` (the
+one definition of the rule, so SQLite cannot drift from it)
 (``stored[:offset] + written + stored[offset + len(written):]``). SQLite's own
 ``substr`` and ``length`` count characters but stop at a NUL character (U+0000,
 legal in JSON text and so in reasoning), which would silently drop text. Plain
@@ -179,7 +180,6 @@ def _deep_upsert() -> str:
         "ON CONFLICT (company_id, run_id, step_seq) DO UPDATE SET "
         "kind = excluded.kind, ts = max(ts, excluded.ts), "
         "reasoning = CASE WHEN excluded.reasoning IS NULL THEN reasoning "
-        "WHEN reasoning IS NULL THEN excluded.reasoning "
         f"ELSE stepstream_splice(reasoning, {off}, excluded.reasoning) END, "
         "arguments = coalesce(excluded.arguments, arguments), "
         "output = coalesce(excluded.output, output), "
