@@ -33,16 +33,31 @@ Contracts:
 * **A thinking step carries no text**, only ``output_shape`` of the total text
   so far (``4.2k characters``). Its deep ``ts`` and, when it closes, its
   ``ended_at`` are the latest event time seen up to its last delta.
-* **Caps** (``core.caps``): deep bodies are clipped in characters with a marker
-  and a sticky ``clipped`` flag. Once a thinking run's reasoning is clipped,
+* **Caps** (``core.caps``): deep bodies are clipped in characters of what a reader
+  sees (a string by its characters, any other value by its compact JSON text), with
+  a marker and a sticky ``clipped`` flag; an unclipped body is the JSON value. Once a thinking run's reasoning is clipped,
   later deltas are only counted (for the shape): the tail keeps no more text.
 * **500 steps.** A step that would get ordinal ``>= max_steps`` is dropped, step
   and deep alike; the run becomes ``truncated`` and ``dropped_steps`` counts it
   (a dropped thinking run once). Results of dropped calls are dropped silently,
   and so is any result without an open call once the run is truncated.
-* **Idempotence.** An event whose ``seq`` is not above the last applied one
-  returns ``None`` and changes nothing (``stale`` counts it). A gap
-  (``seq > last + 1``) is applied and counted in ``RunRecord.seq_gaps``.
+* **Idempotence.** An event whose ``seq`` is not above the last applied one and
+  fills no gap returns ``None`` and changes nothing (``stale`` counts it). A gap
+  (``seq > last + 1``) is applied and counted in ``RunRecord.seq_gaps``
+  (``Output.seq_gap``); it closes an open thinking run first (the missing events
+  may hold the one that closed it) and remembers the skipped seqs.
+* **Late events.** An event whose ``seq`` is a skipped one is applied
+  (``Output.late``; ``late`` and ``RunRecord.late_events`` count it) as its type
+  would be in order, with the next ordinal, but never touches the open thinking
+  run: a late delta is a closed thinking step of its own; a late call whose result
+  already made a step fills that step in. The skipped seqs
+  (``RunState.skipped_seqs``) and the results awaiting a late call
+  (``RunState.awaiting_calls``) are bounded by ``Limits.late_ranges``; the oldest
+  are forgotten. In-order events never touch them. ``docs/engine.md`` has the
+  table per type.
+* **Run payloads.** ``environment`` (an object, redacted by key, or a string) and
+  ``failure`` are kept structured: a string failure is the message of type
+  ``unknown``, and a ``failed`` run_end without one is recorded as type ``unknown``.
 * **Rejection.** An event ``push`` cannot apply raises
   :class:`~stepstream.errors.WireError` before anything changes (the fold is as
   it was, so the caller dead-letters the event and goes on): ``seq_jump`` when
