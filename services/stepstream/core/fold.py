@@ -228,34 +228,33 @@ class RunFold:
         if outside:
             raise WireError("out_of_range", f"Expected a time {WINDOW} (in UTC) - at `$.ts`")
         # Nothing below raises: every time it formats is in the window, and its sums saturate.
-        dropped = self._run.dropped_steps
-        if seq <= last:
-            out = self._late(event, skipped)
-        elif seq != last + 1:
-            out = self._after_gap(event, last, now)
-        else:
+        run = self._run
+        dropped = run.dropped_steps
+        if seq == last + 1:  # in order: the hot path
             self._last_seq = seq
             latest = self._max_ts
             if type(event) is _ThinkingDelta:
                 if latest is None or ts > latest:
                     self._see(ts)
                 ordinal = self._th_ord
-                if ordinal is None or ordinal >= self._max_steps:
-                    out = self._delta_start(event, now)
-                    if self._run.dropped_steps != dropped:
-                        out.dropped = self._run.dropped_steps - dropped
-                    return out
-                return self._buffer(event.payload.text, now)
-            at = format_ts(ts)
-            out = Output([], [], None, None, [], [])
-            if self._th_ord is not None:
-                self._flush_thinking(out, "close", close=True)
-            if latest is None or ts > latest:
-                self._see(ts)
-            _HANDLERS[type(event)](self, event, at, out)
-            out = self._finish(out)
-        if self._run.dropped_steps != dropped:
-            out.dropped = self._run.dropped_steps - dropped
+                if ordinal is not None and ordinal < self._max_steps:
+                    return self._buffer(event.payload.text, now)
+                out = self._delta_start(event, now)
+            else:
+                at = format_ts(ts)
+                out = Output([], [], None, None, [], [])
+                if self._th_ord is not None:
+                    self._flush_thinking(out, "close", close=True)
+                if latest is None or ts > latest:
+                    self._see(ts)
+                _HANDLERS[type(event)](self, event, at, out)
+                out = self._finish(out)
+        elif seq > last:
+            out = self._after_gap(event, last, now)
+        else:
+            out = self._late(event, skipped)
+        if run.dropped_steps != dropped:
+            out.dropped = run.dropped_steps - dropped
         return out
 
     def flush_idle(self, now: float) -> Output | None:
