@@ -228,8 +228,6 @@ class RunFold:
         if outside:
             raise WireError("out_of_range", f"Expected a time {WINDOW} (in UTC) - at `$.ts`")
         # Nothing below raises: every time it formats is in the window, and its sums saturate.
-        run = self._run
-        dropped = run.dropped_steps
         if seq == last + 1:  # in order: the hot path
             self._last_seq = seq
             latest = self._max_ts
@@ -239,8 +237,10 @@ class RunFold:
                 ordinal = self._th_ord
                 if ordinal is not None and ordinal < self._max_steps:
                     return self._buffer(event.payload.text, now)
+                dropped = self._run.dropped_steps
                 out = self._delta_start(event, now)
             else:
+                dropped = self._run.dropped_steps
                 at = format_ts(ts)
                 out = Output([], [], None, None, [], [])
                 if self._th_ord is not None:
@@ -249,12 +249,11 @@ class RunFold:
                     self._see(ts)
                 _HANDLERS[type(event)](self, event, at, out)
                 out = self._finish(out)
-        elif seq > last:
-            out = self._after_gap(event, last, now)
         else:
-            out = self._late(event, skipped)
-        if run.dropped_steps != dropped:
-            out.dropped = run.dropped_steps - dropped
+            dropped = self._run.dropped_steps
+            out = self._after_gap(event, last, now) if seq > last else self._late(event, skipped)
+        if self._run.dropped_steps != dropped:
+            out.dropped = self._run.dropped_steps - dropped
         return out
 
     def flush_idle(self, now: float) -> Output | None:
