@@ -216,6 +216,11 @@ def workload(seed: int, batches: int, runs: int = 200) -> list[Batch]:
 _json = msgspec.json.Encoder()
 
 
+def _text(value: Any) -> str | None:
+    """A structured field as the sinks store it: its JSON text."""
+    return None if value is None else _json.encode(value).decode()
+
+
 def _bare_rows(batches: list[Batch], *, as_stored: bool = False) -> list[dict[str, list[tuple[Any, ...]]]]:
     """The same rows as ready-made tuples for plain sqlite3 (prepared outside the timing).
     ``as_stored``: each reasoning row carries the whole text the sink stores after that
@@ -231,7 +236,8 @@ def _bare_rows(batches: list[Batch], *, as_stored: bool = False) -> list[dict[st
                 key = (d.company_id, d.run_id, d.step_seq)
                 reasoning = text[key] = text.get(key, "")[: d.reasoning_offset] + reasoning
             deeps.append(
-                (d.company_id, d.run_id, d.step_seq, d.kind, d.ts, reasoning, d.arguments, d.output, int(d.clipped))
+                (d.company_id, d.run_id, d.step_seq, d.kind, d.ts, reasoning, _text(d.arguments), _text(d.output),
+                 int(d.clipped))  # fmt: skip
             )
         out.append(
             {
@@ -244,7 +250,11 @@ def _bare_rows(batches: list[Batch], *, as_stored: bool = False) -> list[dict[st
                     )
                     for s in b.steps
                 ],
-                "runs": [(*astuple(r), r.started_at or r.last_event_at or "") for r in b.runs],
+                "runs": [
+                    (*astuple(msgspec.structs.replace(r, environment=None, failure=None))[:3], _text(r.environment),
+                     r.status, _text(r.failure), *astuple(r)[6:], r.started_at or r.last_event_at or "")
+                    for r in b.runs
+                ],  # fmt: skip
                 "run_state": [(s.company_id, s.run_id, _json.encode(s).decode()) for s in b.states],
             }
         )
@@ -323,7 +333,10 @@ async def _bare_mongo(url: str, batches: list[Batch]) -> float:
 
     docs = [
         {
-            "run_step_details": [msgspec.to_builtins(d) for d in b.deeps],
+            "run_step_details": [
+                {**msgspec.to_builtins(d), **{k: _text(getattr(d, k)) for k in ("arguments", "output") if getattr(d, k) is not None}}
+                for d in b.deeps
+            ],
             "run_steps": [
                 {
                     **msgspec.to_builtins(s),

@@ -75,6 +75,11 @@ class Metrics:
         self.pending_events = Gauge(
             "stepstream_pending_events", "Consumed events not yet durable (offsets held back).", registry=r
         )
+        self.late_events = Counter(
+            "stepstream_late_events",
+            "Events applied late: their seq filled a gap their run had skipped (duplicates are not counted here).",
+            registry=r,
+        )
 
 
 class CompactorMetrics:

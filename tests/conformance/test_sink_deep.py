@@ -197,3 +197,41 @@ async def test_the_port_clips_to_the_limits_it_was_opened_with(store_url: str) -
         assert len(thinking.reasoning) == 20 and thinking.reasoning.startswith("r" * 10) and thinking.clipped
     finally:
         await store.close()
+
+
+async def test_bodies_are_json_values_and_read_back_as_such(deep_store: DeepStore) -> None:
+    """Unclipped bodies are kept as JSON values (an export hashes them): objects with
+    keys no BSON field may carry, numbers past int64, nesting, and strings with
+    control characters and NUL, each read back equal."""
+    records = [
+        deep(0, arguments={"$ref": {"a.b": [1, 2**70, -0.5, None, True]}, "": UNICODE}, output=[[[]], {}], at=1),
+        deep(1, arguments="\x00\x01\n" * 100, output=12.25, at=2),
+        deep(2, kind="llm", arguments=[{"role": "user", "content": UNICODE}], output="", at=3),
+        deep(3, output=False, at=4),
+    ]
+    await deep_store.write(records)
+    assert await rows(deep_store) == records
+    await deep_store.write([deep(0, output={"later": 1}, at=5)])  # field by field: arguments stay
+    assert (await rows(deep_store))[0] == deep(0, arguments=records[0].arguments, output={"later": 1}, at=5)
+
+
+async def test_the_port_counts_what_a_reader_sees_and_reports_its_clips(store_url: str) -> None:
+    from stepstream.sinks import open_deep_store
+
+    heard: list[str] = []
+    store = await open_deep_store(store_url, limits=Limits(output_chars=30, arguments_chars=30), on_clip=heard.append)
+    try:
+        fits = deep(0, arguments="\x01" * 30, output={"k": "v"})  # 30 characters; 180 once escaped
+        over = deep(1, arguments={"k": "\x01" * 5}, output="o" * 31)  # 35 characters of compact JSON
+        await store.write([fits, over])
+        first, second = await store.get_deep(COMPANY, "r1")
+        assert first == fits and not first.clipped
+        assert second.clipped and isinstance(second.arguments, str) and len(second.arguments) == 30
+        # Cut inside an escape of the JSON text: the body is a string, so still valid.
+        assert second.arguments == '{"k":"\\u0001\\u0001\\u' + CLIP_MARKER
+        assert second.arguments.endswith(CLIP_MARKER) and second.output == "o" * 20 + CLIP_MARKER
+        assert sorted(heard) == ["arguments", "output"]
+        await store.write([first])  # within the caps: nothing more to hear
+        assert len(heard) == 2
+    finally:
+        await store.close()

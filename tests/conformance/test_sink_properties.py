@@ -12,7 +12,7 @@ import msgspec
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from stepstream.core.merge import can_merge_deep, merge_deep
+from stepstream.core.merge import apply_deep, can_merge_deep, merge_deep
 from stepstream.core.records import DeepRecord, RunRecord, RunState, StepRecord
 from stepstream.sinks import DeepStore, StepStore
 from stepstream.sinks.memory import MemoryDeepStore, MemoryStepStore
@@ -39,8 +39,11 @@ json_values = st.recursive(
 )
 
 
+bodies = st.none() | text | json_values.filter(lambda v: v is not None)
+
+
 @st.composite
-def deep_writes(draw: st.DrawFn) -> DeepRecord:
+def deep_writes(draw: st.DrawFn, body: st.SearchStrategy = maybe_text) -> DeepRecord:
     reasoning = draw(maybe_text)
     return DeepRecord(
         company_id="",
@@ -50,8 +53,8 @@ def deep_writes(draw: st.DrawFn) -> DeepRecord:
         ts=draw(times),
         reasoning=reasoning,
         reasoning_offset=draw(st.integers(0, 16)) if reasoning is not None else 0,
-        arguments=draw(maybe_text),
-        output=draw(maybe_text),
+        arguments=draw(body),
+        output=draw(body),
         clipped=draw(st.booleans()),
     )
 
@@ -110,6 +113,24 @@ async def test_deep_writes_match_the_reference(deep_store: DeepStore, writes: li
     for run_id in ("r1", "r2"):
         assert await deep_store.get_deep(company, run_id) == await reference.get_deep(company, run_id)
     assert await deep_store.list_deep_runs(company) == await reference.list_deep_runs(company)
+
+
+@PROPERTY_SETTINGS
+@given(batches(deep_writes(bodies)))
+async def test_deep_rows_are_core_merge_of_the_writes(deep_store: DeepStore, writes: list[list[DeepRecord]]) -> None:
+    """The one definition (``core.merge.apply_deep``, positional reasoning included:
+    chunks past the stored end, rows with no text yet) is what every backend holds,
+    with JSON-value bodies of any shape."""
+    company = _company()
+    expected: dict[tuple[str, int], DeepRecord] = {}
+    for batch in writes:
+        batch = _own(batch, company)
+        await deep_store.write(batch)
+        for d in batch:
+            expected[(d.run_id, d.step_seq)] = apply_deep(expected.get((d.run_id, d.step_seq)), d)
+    for run_id in ("r1", "r2"):
+        want = [expected[key] for key in sorted(expected) if key[0] == run_id]
+        assert await deep_store.get_deep(company, run_id) == want
 
 
 @PROPERTY_SETTINGS

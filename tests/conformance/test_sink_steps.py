@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from stepstream.core.records import Failure
 from stepstream.sinks import InvalidCursor, StepStore
 
 from sink_support import COMPANY, OTHER, UNICODE, run, state, step, ts
@@ -91,9 +92,9 @@ async def test_records_round_trip_exactly(step_store: StepStore) -> None:
     )
     full_run = run(
         agent_name=UNICODE,
-        environment="prod",
+        environment={"region": "eu", "$ref": {"a.b": [1, 2**62, None]}, "text": UNICODE},
         status="failed",
-        failure="boom " + UNICODE,
+        failure=Failure(type="ToolError", message="boom " + UNICODE, step=3),
         started_at=ts(1),
         ended_at=ts(9),
         last_event_at=ts(9),
@@ -104,6 +105,7 @@ async def test_records_round_trip_exactly(step_store: StepStore) -> None:
         truncated=True,
         dropped_steps=3,
         seq_gaps=2,
+        late_events=1,
     )
     full_state = state(
         last_seq=41,
@@ -114,6 +116,8 @@ async def test_records_round_trip_exactly(step_store: StepStore) -> None:
         thinking_started_at=ts(2),
         open_calls={"tool:c.1": 3, "llm:$x": 5},
         run=full_run,
+        skipped_seqs=((2, 2), (30, 39)),
+        awaiting_calls={"tool:late": 6},
     )
     await step_store.write([full_step, step(0, kind="state")], [full_run], [full_state])
     assert (await step_store.get_steps(COMPANY, "r1"))[1] == full_step

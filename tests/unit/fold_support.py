@@ -75,6 +75,7 @@ def apply_deep(stored: DeepRecord | None, written: DeepRecord) -> DeepRecord:
         if value is not None:
             data[name] = value
     data["clipped"] = stored.clipped or written.clipped
+    data["ts"] = max(stored.ts, written.ts)  # a late write never moves it back
     if written.reasoning is not None:
         head = stored.reasoning or ""
         assert written.reasoning_offset <= len(head), "a chunk may not leave a hole"

@@ -93,3 +93,26 @@ def test_clip_deep_enforces_every_cap_and_leaves_good_records_alone():
     )
     fixed = clip_deep(late, lim)
     assert fixed.reasoning == CLIP_MARKER and fixed.reasoning_offset == 30 - len(CLIP_MARKER)
+
+
+def test_json_body_counts_what_a_reader_sees():
+    # A string by its characters, kept as the string.
+    assert json_body("\x00" * 100, 100) == ("\x00" * 100, False)
+    assert json_body("é" * 20, 15) == ("é" * 5 + CLIP_MARKER, True)
+    # Any other value by its compact JSON text; unclipped, the value itself.
+    value = {"a": [1, None, "\n"]}
+    assert json_text(value) == '{"a":[1,null,"\\n"]}'
+    assert json_body(value, len(json_text(value))) == (value, False)
+    body, cut = json_body(value, len(json_text(value)) - 1)
+    assert cut and isinstance(body, str) and len(body) == len(json_text(value)) - 1
+    assert json_body(None, 10) == (None, False) and json_body(12, 1) == ("…", True)
+
+
+def test_clip_deep_measures_structured_bodies_by_their_json_text():
+    lim = Limits(output_chars=20, arguments_chars=14)
+    fits = DeepRecord(company_id="c", run_id="r", step_seq=0, kind="tool", ts="t", arguments={"k": "v"}, output=[1])
+    assert clip_deep(fits, lim) is fits
+    over = DeepRecord(company_id="c", run_id="r", step_seq=0, kind="tool", ts="t", arguments={"k": "\n" * 6})
+    fixed = clip_deep(over, lim)  # 6 characters of text, 20 of compact JSON: over the cap
+    assert fixed.clipped and fixed.arguments == '{"k"' + CLIP_MARKER
+    assert clip_deep(fixed, lim) is fixed  # clipping is idempotent

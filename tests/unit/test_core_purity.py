@@ -69,3 +69,33 @@ def test_the_scan_catches_what_it_should():
         ]
     )
     assert problems_in("import msgspec\nfrom datetime import datetime\nimport re\n") == []
+
+
+def _core_imports(path: Path) -> set[str]:
+    """The ``stepstream.core`` modules ``path`` imports, also under ``TYPE_CHECKING``."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("stepstream.core."):
+            names.add(node.module.rsplit(".", 1)[1])
+    return names
+
+
+def test_core_imports_form_no_cycle():
+    """Data flows one way: no core module reaches back (``caps``, ``steps`` and the
+    sinks read their numbers from ``core.limits``, never from the state machine)."""
+    graph = {path.stem: _core_imports(path) for path in MODULES}
+    assert "fold" not in graph["caps"] | graph["steps"] | graph["limits"]
+
+    def reaches(start: str, target: str, seen: set[str]) -> bool:
+        for name in graph.get(start, ()):
+            if name == target or (name not in seen and reaches(name, target, seen | {name})):
+                return True
+        return False
+
+    assert [name for name in graph if reaches(name, name, set())] == []
+
+
+def test_sinks_take_limits_from_core_limits():
+    sinks = CORE.parent / "sinks"
+    for path in sorted(sinks.glob("*.py")):
+        assert "stepstream.core.fold" not in path.read_text(), path.name

@@ -99,6 +99,6 @@ def test_canaries_masked_on_steps_and_kept_in_deep(corpus):
     visible = msgspec.json.encode([[o.steps, o.run, o.state] for o in outs]).decode()
     assert CANARY not in visible
     planted = sum(_planted(e) for e in corpus)
-    kept = sum((d.arguments or "").count(CANARY) + (d.output or "").count(CANARY) for d in store.deeps.values())
+    kept = sum(msgspec.json.encode([d.arguments, d.output]).decode().count(CANARY) for d in store.deeps.values())
     assert planted > 100 and kept == planted
     assert "[redacted]" in visible

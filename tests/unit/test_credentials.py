@@ -189,7 +189,7 @@ def test_free_text_fields_are_scrubbed_and_capped():
     _, outs = fold_all(s.events)
     labels = [step.label for out in outs for step in out.steps]
     run = outs[-1].run
-    for text in [*labels, run.agent_name, run.environment, run.failure]:
+    for text in [*labels, run.agent_name, run.environment, run.failure.type, run.failure.message]:
         assert secret not in text and len(text) <= 2048
     assert all(len(label) <= 256 for label in labels) and len(run.environment) == 256
-    assert "[redacted]" in run.agent_name and run.failure == "failed with [redacted]"
+    assert "[redacted]" in run.agent_name and run.failure.message == "failed with [redacted]"

@@ -10,6 +10,7 @@ import pytest
 from fold_support import T0, Script, Store, ev, fold_all, records_json
 from stepstream.core.caps import CLIP_MARKER
 from stepstream.core.fold import Limits, Output, RunFold
+from stepstream.core.records import Failure
 from stepstream.core.records import RunRecord, RunState
 from stepstream.errors import WireError
 
@@ -307,8 +308,10 @@ def test_output_and_arguments_caps():
     s("tool_result", call_id="c", output="z" * 100)
     store, outs = fold_all(s.events, lim)
     deep = store.deeps[("acme", "r1", 0)]
-    assert len(deep.arguments) == 40 and deep.arguments.endswith(CLIP_MARKER)
-    assert len(deep.output) == 50 and deep.output.startswith('"zzz') and deep.output.endswith(CLIP_MARKER)
+    # A structured value is counted (and clipped) as its compact JSON text, a string
+    # output as its characters; a clipped body is a string ending with the marker.
+    assert len(deep.arguments) == 40 and deep.arguments.startswith('{"blob":"yyy') and deep.arguments.endswith(CLIP_MARKER)
+    assert len(deep.output) == 50 and deep.output == "z" * (50 - len(CLIP_MARKER)) + CLIP_MARKER
     assert deep.clipped
     assert outs[0].clipped == ["arguments"] and outs[1].clipped == ["output"]
     assert store.steps[("acme", "r1", 0)].output_shape == "100 characters"
@@ -326,8 +329,8 @@ def test_tool_result_completes_its_call_field_by_field():
     step = result.steps[0]
     assert step.step_seq == 0 and step.status == "ok" and step.output_shape == "3 items"
     assert step.label is None and step.arguments is None and step.started_at is None  # kept by the store
-    assert result.deeps[0].arguments is None and result.deeps[0].output == "[1,2,3]"
-    assert call.deeps[0].arguments == '{"url":"u","api_key":"k"}'
+    assert result.deeps[0].arguments is None and result.deeps[0].output == [1, 2, 3]
+    assert call.deeps[0].arguments == {"url": "u", "api_key": "k"}
     assert call.steps[0].arguments == {"url": "u", "api_key": "[redacted]"}
     assert call.steps[0].input_shape == "2 fields"
     assert result.state.open_calls == {}
@@ -363,8 +366,8 @@ def test_llm_step_and_token_totals():
         "1 field",
     )
     assert step.arguments == {"temperature": 0.1, "apiKey": "[redacted]"}
-    assert store.deeps[("acme", "r1", 0)].arguments == '[{"role":"user","content":"hi"}]'
-    assert store.deeps[("acme", "r1", 0)].output == '{"content":"hello"}'
+    assert store.deeps[("acme", "r1", 0)].arguments == [{"role": "user", "content": "hi"}]
+    assert store.deeps[("acme", "r1", 0)].output == {"content": "hello"}
     assert store.steps[("acme", "r1", 1)].label == "unmatched result"
     run = store.runs[("acme", "r1")]
     assert (run.input_tokens, run.output_tokens, run.reasoning_tokens) == (11, 6, 3)
@@ -384,7 +387,7 @@ def test_state_change_is_redacted_by_its_key():
     secret, plan = store.steps[("acme", "r1", 0)], store.steps[("acme", "r1", 1)]
     assert (secret.kind, secret.label, secret.arguments) == ("state", "session_token", {"session_token": "[redacted]"})
     assert plan.arguments == {"plan": ["a", "b"]} and plan.input_shape == "2 items" and plan.status == "ok"
-    assert store.deeps[("acme", "r1", 0)].arguments == '"abc"'
+    assert store.deeps[("acme", "r1", 0)].arguments == "abc"
 
 
 def test_error_step_masks_credentials_in_the_message():
@@ -410,7 +413,7 @@ def test_run_record_fields():
     store, _ = fold_all(s.events)
     run = store.runs[("acme", "r1")]
     assert (run.agent_name, run.environment, run.status) == ("bot", "prod", "failed")
-    assert run.failure == "crashed with [redacted]"
+    assert run.failure == Failure(type="unknown", message="crashed with [redacted]")
     assert run.started_at == "2026-11-29T10:00:00.000000Z" and run.ended_at == "2026-11-29T10:00:00.002000Z"
     assert run.last_event_at == run.ended_at and run.step_count == 1 and not run.truncated
 
@@ -487,9 +490,15 @@ def test_gap_is_applied_and_counted():
     store = Store()
     for seq in (0, 1, 5, 6, 9):
         store.write(fold.push(ev("state_change", seq, key="k", value=seq), 0.0))
-    assert fold.push(ev("state_change", 4, key="k", value=4), 0.0) is None  # late: stale
+    late = fold.push(ev("state_change", 4, key="k", value=4), 0.0)  # fills the gap 2..4
+    assert late.late and not late.seq_gap and late.steps[0].step_seq == 5
+    store.write(late)
+    assert fold.push(ev("state_change", 4, key="k", value=4), 0.0) is None  # now a duplicate
+    assert fold.push(ev("state_change", 6, key="k", value=6), 0.0) is None
     run = store.runs[("acme", "r1")]
-    assert run.seq_gaps == 2 and run.step_count == 5 and fold.stale == 1
+    assert run.seq_gaps == 2 and run.late_events == 1 and run.step_count == 6
+    assert (fold.stale, fold.late) == (2, 1)
+    assert fold.state.skipped_seqs == ((2, 3), (7, 8))
     first = RunFold("acme", "r2")
     out = first.push(ev("state_change", 3, run="r2", key="k", value=0), 0.0)
     assert out.run.seq_gaps == 1  # the run's first seen event is not seq 0
@@ -547,3 +556,32 @@ def test_steps_never_carry_thinking_text_or_raw_output():
     _, outs = fold_all(s.events)
     for o in outs:
         assert "CANARY" not in records_json(o)
+
+
+def test_caps_count_what_a_reader_sees():
+    """11,000 control characters are 11,000 characters (66,000 once JSON-escaped): a
+    string is stored as the string, within the 65,536 cap, and unclipped."""
+    s = Script()
+    s("tool_call", call_id="c", tool="t", arguments={"k": "\x01" * 6000})
+    s("tool_result", call_id="c", output="\x01" * 11_000)
+    s("llm_request", call_id="l", provider="p", model="m", input="\n" * 30_000)
+    store, outs = fold_all(s.events)
+    tool, llm = store.deeps[("acme", "r1", 0)], store.deeps[("acme", "r1", 1)]
+    assert tool.output == "\x01" * 11_000  # whole (the record is clipped for its arguments)
+    # A structured value is measured by its compact JSON text: 6000 escapes of 6 characters.
+    assert isinstance(tool.arguments, str) and tool.arguments.startswith('{"k":"\\u0001')
+    assert len(tool.arguments) == 32_768 and outs[0].clipped == ["arguments"]
+    assert llm.arguments == "\n" * 30_000 and not llm.clipped  # 60,000 once escaped, 30,000 as read
+
+
+def test_clipped_bodies_are_valid_json_values():
+    lim = Limits(output_chars=30, arguments_chars=30)
+    s = Script()
+    s("tool_call", call_id="c", tool="t", arguments={"a": list(range(50))})
+    s("tool_result", call_id="c", output={"deep": {"er": "é" * 100}})
+    store, _ = fold_all(s.events, lim)
+    deep = store.deeps[("acme", "r1", 0)]
+    for body in (deep.arguments, deep.output):
+        assert isinstance(body, str) and len(body) == 30 and body.endswith(CLIP_MARKER)
+        assert msgspec.json.decode(msgspec.json.encode(body)) == body
+    assert deep.clipped

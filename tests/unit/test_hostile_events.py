@@ -25,7 +25,7 @@ from fold_support import ev
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from stepstream.core.fold import Limits, Output, RunFold
-from stepstream.core.records import RunState, StepRecord
+from stepstream.core.records import DeepRecord, RunState, StepRecord
 from stepstream.core.timefmt import format_ts, parse_ts
 from stepstream.core.wire import DECODE_REASONS, decode_event
 from stepstream.errors import WireError
@@ -97,7 +97,7 @@ times = st.one_of(
 
 PAYLOADS: dict[str, Any] = {
     "run_start": st.fixed_dictionaries(
-        {"agent_name": strings}, optional={"environment": maybe(strings | json_values), "metadata": maybe(objects)}
+        {"agent_name": strings}, optional={"environment": maybe(strings | objects | json_values), "metadata": maybe(objects)}
     ),
     "llm_request": st.fixed_dictionaries(
         {"call_id": call_ids, "provider": strings, "model": strings, "input": json_values},
@@ -122,7 +122,14 @@ PAYLOADS: dict[str, Any] = {
     "state_change": st.fixed_dictionaries({"key": strings, "value": json_values}),
     "error": st.fixed_dictionaries({"message": strings}, optional={"kind": maybe(strings)}),
     "run_end": st.fixed_dictionaries(
-        {"status": st.sampled_from(["completed", "failed", "paused"])}, optional={"failure": maybe(strings)}
+        {"status": st.sampled_from(["completed", "failed", "paused"])}, optional={
+            "failure": maybe(
+                strings
+                | st.fixed_dictionaries(
+                    {"type": strings, "message": strings}, optional={"step": ints, "extra": json_values}
+                )
+            )
+        },
     ),
 }
 
@@ -205,6 +212,12 @@ def check_storable(out: Output | None) -> None:
         # number is fine there); every other integer lands in an integer column.
         if isinstance(record, StepRecord):
             fields.pop("arguments", None)
+        # So are deep bodies and a run's environment: JSON values, stored as JSON text.
+        if isinstance(record, DeepRecord):
+            fields.pop("arguments", None)
+            fields.pop("output", None)
+        for holder in (fields, fields.get("run") or {}):
+            holder.pop("environment", None)
         assert all(i in INT64 for i in ints_in(fields)), record
         for name in TS_FIELDS:
             stamps = [fields.get(name), (fields.get("run") or {}).get(name)]

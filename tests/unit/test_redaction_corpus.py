@@ -106,7 +106,7 @@ def test_masked_on_steps_kept_in_deep(name, arguments, canary):
     assert canary not in visible
     for ordinal in (0, 1):
         deep = store.deeps[("acme", "r1", ordinal)]
-        assert canary in deep.arguments and not deep.clipped
-        assert msgspec.json.decode(deep.arguments) == arguments
+        assert deep.arguments == arguments and not deep.clipped  # kept as the JSON value
+        assert canary in msgspec.json.encode(deep.arguments).decode()
     _, pointers, _ = redact(arguments)
     assert pointers and all(canary not in p for p in pointers)

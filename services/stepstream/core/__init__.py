@@ -8,14 +8,15 @@ event loop or a driver (``tests/unit/test_core_purity.py`` holds it to that).
 * ``wire``: the v1 event union and its decoder.
 * ``records``: the stored record types and their write semantics; ``merge``
   applies them.
-* ``fold``: the per-run state machine (:class:`RunFold`, :class:`Limits`, :class:`Output`).
+* ``fold``: the per-run state machine (:class:`RunFold`, :class:`Output`); ``limits``: its numbers (:class:`Limits`).
 * ``steps``: what each event's step and deep companion hold.
 * ``redact``, ``caps``, ``shapes``, ``timefmt``: scrubbing, clipping, shapes, stored times;
   ``keyrule`` and ``credentials`` are redaction's two lines (``docs/redaction.md``).
 """
 
 from stepstream.core.caps import CLIP_MARKER, clip, clip_deep
-from stepstream.core.fold import Limits, Output, RunFold
+from stepstream.core.fold import Output, RunFold
+from stepstream.core.limits import Limits
 from stepstream.core.records import DeepRecord, RunRecord, RunState, StepRecord
 from stepstream.core.redact import REDACTED, is_sensitive_key, mask_credentials, redact, scrub
 from stepstream.core.shapes import shape

@@ -1,7 +1,16 @@
-"""Caps on deep bodies, in characters: clip, never refuse.
+"""Caps on deep bodies, in characters of what a reader sees: clip, never refuse.
 
 * ``reasoning`` 65,536, ``output`` 65,536, ``arguments`` 32,768 characters
-  (``core.fold.Limits`` holds the numbers).
+  (``core.limits.Limits`` holds the numbers).
+* **What is counted** (:func:`json_body`): a string body by its characters (it is
+  stored as the string, so 11,000 control characters are 11,000 characters, not
+  their 66,000-character JSON escapes); any other JSON value by its compact JSON
+  text (``msgspec``: no spaces, non-ASCII kept, control characters escaped).
+* **What is stored**: a body within its cap is the value itself (a string, an
+  object, an array, a number...), so an export can hash it. A body over its cap
+  is a *string*: the head of what a reader sees (the string, or the value's
+  compact JSON text) ending with :data:`CLIP_MARKER`, and the record's sticky
+  ``clipped`` flag is set. Either way the body is a valid JSON value.
 * A body over its cap keeps its head and ends with :data:`CLIP_MARKER`; the
   marker is counted *within* the cap, so a clipped body is exactly ``cap``
   characters long and clipping it again changes nothing (:func:`clip` is
@@ -20,14 +29,13 @@ caps on any record it is handed (a no-op on records the engine produced).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgspec
 
+from stepstream.core.limits import Limits
 from stepstream.core.records import DeepRecord
 
-if TYPE_CHECKING:  # pragma: no cover
-    from stepstream.core.fold import Limits
 
 __all__ = ["CLIP_MARKER", "clip", "clip_chunk", "clip_deep", "json_body", "json_text"]
 
@@ -69,9 +77,23 @@ def json_text(value: Any) -> str:
     return _encoder.encode(value).decode()
 
 
-def json_body(value: Any, cap: int) -> tuple[str, bool]:
-    """``value`` as JSON text, clipped to ``cap`` characters."""
-    return clip(json_text(value), cap)
+def json_body(value: Any, cap: int) -> tuple[Any, bool]:
+    """``(body, clipped)``: ``value`` itself when what a reader sees of it fits in
+    ``cap`` characters (a string by its characters, anything else by its compact
+    JSON text), else that text's head plus the marker, as a string."""
+    if type(value) is str:
+        return clip(value, cap)
+    text = json_text(value)
+    if len(text) <= cap:
+        return value, False
+    return clip(text, cap)
+
+
+def _clip_body(body: Any, cap: int) -> tuple[Any, bool]:
+    # json_body, but a string already at most the cap (the engine's clip) costs nothing.
+    if type(body) is str and len(body) <= cap:
+        return body, False
+    return json_body(body, cap)
 
 
 def clip_deep(record: DeepRecord, limits: Limits) -> DeepRecord:
@@ -79,13 +101,13 @@ def clip_deep(record: DeepRecord, limits: Limits) -> DeepRecord:
     was cut. Returns ``record`` itself when nothing needs clipping."""
     changes: dict[str, Any] = {}
     if record.arguments is not None:
-        text, cut = clip(record.arguments, limits.arguments_chars)
+        body, cut = _clip_body(record.arguments, limits.arguments_chars)
         if cut:
-            changes["arguments"] = text
+            changes["arguments"] = body
     if record.output is not None:
-        text, cut = clip(record.output, limits.output_chars)
+        body, cut = _clip_body(record.output, limits.output_chars)
         if cut:
-            changes["output"] = text
+            changes["output"] = body
     if record.reasoning is not None:
         text, offset, cut = clip_chunk(record.reasoning, record.reasoning_offset, limits.reasoning_chars)
         if cut:

@@ -33,16 +33,31 @@ Contracts:
 * **A thinking step carries no text**, only ``output_shape`` of the total text
   so far (``4.2k characters``). Its deep ``ts`` and, when it closes, its
   ``ended_at`` are the latest event time seen up to its last delta.
-* **Caps** (``core.caps``): deep bodies are clipped in characters with a marker
-  and a sticky ``clipped`` flag. Once a thinking run's reasoning is clipped,
+* **Caps** (``core.caps``): deep bodies are clipped in characters of what a reader
+  sees (a string by its characters, any other value by its compact JSON text), with
+  a marker and a sticky ``clipped`` flag; an unclipped body is the JSON value. Once a thinking run's reasoning is clipped,
   later deltas are only counted (for the shape): the tail keeps no more text.
 * **500 steps.** A step that would get ordinal ``>= max_steps`` is dropped, step
   and deep alike; the run becomes ``truncated`` and ``dropped_steps`` counts it
   (a dropped thinking run once). Results of dropped calls are dropped silently,
   and so is any result without an open call once the run is truncated.
-* **Idempotence.** An event whose ``seq`` is not above the last applied one
-  returns ``None`` and changes nothing (``stale`` counts it). A gap
-  (``seq > last + 1``) is applied and counted in ``RunRecord.seq_gaps``.
+* **Idempotence.** An event whose ``seq`` is not above the last applied one and
+  fills no gap returns ``None`` and changes nothing (``stale`` counts it). A gap
+  (``seq > last + 1``) is applied and counted in ``RunRecord.seq_gaps``
+  (``Output.seq_gap``); it closes an open thinking run first (the missing events
+  may hold the one that closed it) and remembers the skipped seqs.
+* **Late events.** An event whose ``seq`` is a skipped one is applied
+  (``Output.late``; ``late`` and ``RunRecord.late_events`` count it) as its type
+  would be in order, with the next ordinal, but never touches the open thinking
+  run: a late delta is a closed thinking step of its own; a late call whose result
+  already made a step fills that step in. The skipped seqs
+  (``RunState.skipped_seqs``) and the results awaiting a late call
+  (``RunState.awaiting_calls``) are bounded by ``Limits.late_ranges``; the oldest
+  are forgotten. In-order events never touch them. ``docs/engine.md`` has the
+  table per type.
+* **Run payloads.** ``environment`` (an object, redacted by key, or a string) and
+  ``failure`` are kept structured: a string failure is the message of type
+  ``unknown``, and a ``failed`` run_end without one is recorded as type ``unknown``.
 * **Rejection.** An event ``push`` cannot apply raises
   :class:`~stepstream.errors.WireError` before anything changes (the fold is as
   it was, so the caller dead-letters the event and goes on): ``seq_jump`` when
@@ -72,14 +87,16 @@ Pure: no I/O, no clock (``now`` is passed in, only for the idle timer).
 from __future__ import annotations
 
 import sys
+from bisect import bisect_right
 from datetime import datetime
 from typing import Any, Callable
 
 import msgspec
 
 from stepstream.core import wire
-from stepstream.core.caps import clip_chunk
-from stepstream.core.records import DeepRecord, RunRecord, RunState, StepRecord
+from stepstream.core.caps import clip, clip_chunk
+from stepstream.core.limits import Limits
+from stepstream.core.records import DeepRecord, Failure, RunRecord, RunState, StepRecord
 from stepstream.core.redact import TEXT_CHARS, scrub
 from stepstream.core.steps import CALLS, OPENERS, RESULTS, Rows, call_key, opening_rows, result_rows, thinking_step
 from stepstream.core.timefmt import TS_MAX, TS_MIN, WINDOW, format_ts, in_window, parse_ts
@@ -91,23 +108,11 @@ __all__ = ["MAX_TOKEN_TOTAL", "Limits", "Output", "RunFold"]
 MAX_TOKEN_TOTAL = 2**63 - 1
 
 
-class Limits(msgspec.Struct, frozen=True):
-    """Caps (characters), the step ceiling, the flush thresholds (UTF-8 bytes and
-    deltas pending), the idle timeout (seconds of the injected clock) and how far
-    past the last applied ``seq`` an event may jump."""
-
-    reasoning_chars: int = 65536
-    output_chars: int = 65536
-    arguments_chars: int = 32768
-    max_steps: int = 500
-    flush_bytes: int = 2048
-    idle_seconds: float = 5.0
-    flush_deltas: int = 512
-    max_seq_jump: int = 1_000_000
-
-
 class Output(msgspec.Struct):
-    """Everything one call produced, in write order (see the module docstring)."""
+    """Everything one call produced, in write order (see the module docstring), and
+    what the worker counts: the flush triggers, the clipped fields, whether the
+    event opened a gap (``seq_gap``) or filled one (``late``), and how many steps
+    the run dropped at its ceiling (``dropped``)."""
 
     steps: list[StepRecord] = []
     deeps: list[DeepRecord] = []
@@ -115,10 +120,14 @@ class Output(msgspec.Struct):
     state: RunState | None = None
     flushes: list[str] = []
     clipped: list[str] = []
+    seq_gap: bool = False
+    late: bool = False
+    dropped: int = 0
 
 
 _Handler = Callable[["RunFold", Any, str, Output], None]
 _ThinkingDelta = wire.ThinkingDelta
+_NO_FAILURE = "the run_end gave no failure"
 
 
 def _utf8_len(text: str) -> int:
@@ -136,6 +145,7 @@ class RunFold:
         "_dirty", "_max_ts", "_max_ts_str", "_th_ord", "_th_chars", "_th_clipped",
         "_th_started", "_pending", "_tail", "_tail_chars", "_tail_bytes", "_tail_deltas", "_delta_now",
         "_max_steps", "_flush_bytes", "_flush_deltas", "_max_seq_jump", "lazy", "_clean",
+        "late", "_skipped", "_awaiting",
     )  # fmt: skip
 
     def __init__(
@@ -157,6 +167,7 @@ class RunFold:
         self._flush_deltas = limits.flush_deltas
         self._max_seq_jump = limits.max_seq_jump
         self.stale = 0
+        self.late = 0
         self._pending = False
         self._tail: list[str] = []
         self._tail_chars = 0
@@ -175,6 +186,8 @@ class RunFold:
         self._th_chars = state.thinking_chars
         self._th_clipped = state.thinking_clipped
         self._th_started: datetime | str | None = state.thinking_started_at  # formatted lazily
+        self._skipped = state.skipped_seqs
+        self._awaiting: dict[str, int] | None = dict(state.awaiting_calls) if state.awaiting_calls else None
         run = state.run
         if run is None:
             run = RunRecord(company_id=self.company_id, run_id=run_id)
@@ -209,9 +222,11 @@ class RunFold:
         seq = event.seq
         last = self._last_seq
         if seq <= last:
-            self.stale += 1
-            return None
-        if seq - last > self._max_seq_jump:
+            skipped = self._skipped_range(seq) if self._skipped else -1
+            if skipped < 0:
+                self.stale += 1
+                return None
+        elif seq - last > self._max_seq_jump:
             raise WireError(
                 "seq_jump", f"`$.seq` is more than {self._max_seq_jump} past the run's last applied seq ({last})"
             )
@@ -226,26 +241,33 @@ class RunFold:
         if self.lazy and not self._pending and self._clean is None and type(event) is _ThinkingDelta:
             # This delta may start a tail: keep the clean state it leaves behind.
             self._clean = self._snapshot(self._run_copy())
-        self._last_seq = seq
-        if seq != last + 1:
-            self._run.seq_gaps += 1
-            self._dirty = True
-        latest = self._max_ts
-        if type(event) is _ThinkingDelta:
-            if latest is None or ts > latest:
-                self._see(ts)
-            ordinal = self._th_ord
-            if ordinal is None or ordinal >= self._max_steps:
-                return self._delta_start(event, now)
-            return self._buffer(event.payload.text, now)
-        at = format_ts(ts)
-        out = Output([], [], None, None, [], [])
-        if self._th_ord is not None:
-            self._flush_thinking(out, "close", close=True)
-        if latest is None or ts > latest:
-            self._see(ts)
-        _HANDLERS[type(event)](self, event, at, out)
-        return self._finish(out)
+        if seq == last + 1:  # in order: the hot path
+            self._last_seq = seq
+            latest = self._max_ts
+            if type(event) is _ThinkingDelta:
+                if latest is None or ts > latest:
+                    self._see(ts)
+                ordinal = self._th_ord
+                if ordinal is not None and ordinal < self._max_steps:
+                    return self._buffer(event.payload.text, now)
+                dropped = self._run.dropped_steps
+                out = self._delta_start(event, now)
+            else:
+                dropped = self._run.dropped_steps
+                at = format_ts(ts)
+                out = Output([], [], None, None, [], [])
+                if self._th_ord is not None:
+                    self._flush_thinking(out, "close", close=True)
+                if latest is None or ts > latest:
+                    self._see(ts)
+                _HANDLERS[type(event)](self, event, at, out)
+                out = self._finish(out)
+        else:
+            dropped = self._run.dropped_steps
+            out = self._after_gap(event, last, now) if seq > last else self._late(event, skipped)
+        if self._run.dropped_steps != dropped:
+            out.dropped = self._run.dropped_steps - dropped
+        return out
 
     def flush_idle(self, now: float) -> Output | None:
         """Flush a pending tail (trigger ``idle``) if no delta came for
@@ -304,6 +326,8 @@ class RunFold:
             thinking_started_at=self._started_text(),
             open_calls={} if self._open is None else dict(self._open),
             run=run,
+            skipped_seqs=self._skipped,
+            awaiting_calls={} if self._awaiting is None else dict(self._awaiting),
         )
 
     def durable_state(self) -> RunState:
@@ -446,13 +470,16 @@ class RunFold:
             run.output_tokens = min(run.output_tokens + usage.output_tokens, MAX_TOKEN_TOTAL)
             run.reasoning_tokens = min(run.reasoning_tokens + usage.reasoning_tokens, MAX_TOKEN_TOTAL)
             self._dirty = True
-        ordinal = None if self._open is None else self._open.pop(call_key(event), None)
+        key = call_key(event)
+        ordinal = None if self._open is None else self._open.pop(key, None)
         matched = ordinal is not None
         if ordinal is None:
             if self._next >= self._max_steps:
                 return  # the result of a dropped call, or nothing to match in a truncated run
             ordinal = self._alloc()
             assert ordinal is not None
+            if self._skipped and self._skipped[0][0] < event.seq:
+                self._await_call(key, ordinal)  # its call may be in a gap below it
         self._emit(out, result_rows(event, self.company_id, self.run_id, ordinal, at, self.limits, matched=matched))
 
     def _run_start(self, event: wire.RunStart, at: str, out: Output) -> None:
@@ -460,7 +487,7 @@ class RunFold:
         run = self._run
         run.agent_name = scrub(p.agent_name)
         if p.environment is not None:
-            run.environment = scrub(p.environment)
+            run.environment = scrub(p.environment)  # a string, or an object redacted by key
         run.started_at = at
         self._dirty = True
 
@@ -468,9 +495,127 @@ class RunFold:
         p = event.payload
         run = self._run
         run.status = p.status
-        run.failure = None if p.failure is None else scrub(p.failure, TEXT_CHARS)
+        run.failure = _failure(p)
         run.ended_at = at
         self._dirty = True
+
+    # -- late events ------------------------------------------------------------
+
+    def _skipped_range(self, seq: int) -> int:
+        """The index of the skipped range holding ``seq``, or -1 (a duplicate)."""
+        ranges = self._skipped
+        index = bisect_right(ranges, (seq, MAX_TOKEN_TOTAL)) - 1
+        return index if index >= 0 and ranges[index][1] >= seq else -1
+
+    def _bounded(self, ranges: tuple[tuple[int, int], ...]) -> tuple[tuple[int, int], ...]:
+        """At most ``late_ranges`` ranges: the oldest (lowest) are forgotten, so their
+        seqs count as duplicates if they ever arrive."""
+        over = len(ranges) - self.limits.late_ranges
+        return ranges[over:] if over > 0 else ranges
+
+    def _after_gap(self, event: wire.Event, last: int, now: float) -> Output:
+        """An event past a gap: remember the skipped seqs, close an open thinking run
+        (the missing events may hold what closed it), then apply the event."""
+        seq = event.seq
+        self._skipped = self._bounded((*self._skipped, (last + 1, seq - 1)))
+        self._run.seq_gaps += 1
+        self._dirty = True
+        self._last_seq = seq
+        out = Output([], [], None, None, [], [])
+        if self._th_ord is not None:
+            self._flush_thinking(out, "close", close=True)
+        ts = event.ts
+        if self._max_ts is None or ts > self._max_ts:
+            self._see(ts)
+        if type(event) is _ThinkingDelta:
+            more = self._delta_start(event, now)
+            out.steps += more.steps
+            out.deeps += more.deeps
+            out.flushes += more.flushes
+            out.clipped += more.clipped
+            out.run, out.state = more.run, more.state
+            if more.state is None and not out.steps:
+                out = more  # only buffered
+        else:
+            _HANDLERS[type(event)](self, event, format_ts(ts), out)
+            out = self._finish(out)
+        out.seq_gap = True
+        return out
+
+    def _late(self, event: wire.Event, skipped: int) -> Output:
+        """An event that fills a skipped seq. It makes or completes its own step as an
+        in-order event would, but never touches the open thinking run: a late delta
+        becomes a closed thinking step of its own."""
+        seq = event.seq
+        first, last = self._skipped[skipped]
+        pieces = tuple(r for r in ((first, seq - 1), (seq + 1, last)) if r[0] <= r[1])
+        self._skipped = self._bounded(self._skipped[:skipped] + pieces + self._skipped[skipped + 1 :])
+        self.late += 1
+        run = self._run
+        run.late_events += 1
+        self._dirty = True
+        ts = event.ts
+        if self._max_ts is None or ts > self._max_ts:
+            self._see(ts)
+        at = format_ts(ts)
+        if run.started_at is None or at < run.started_at:
+            run.started_at = at
+        out = Output([], [], None, None, [], [])
+        out.late = True
+        kind = type(event)
+        if kind is _ThinkingDelta:
+            self._late_delta(event, at, out)
+        elif kind in CALLS and self._awaiting is not None and call_key(event) in self._awaiting:
+            self._late_call(event, at, out)
+        else:
+            _HANDLERS[kind](self, event, at, out)
+        if not self._skipped:
+            self._awaiting = None  # no call can arrive late any more
+        return self._finish(out)
+
+    def _late_call(self, event: Any, at: str, out: Output) -> None:
+        """A late call whose result came first and made the step: fill in the call's
+        fields and keep the result's status (the store keeps what a ``None`` leaves)."""
+        assert self._awaiting is not None
+        ordinal = self._awaiting.pop(call_key(event))
+        if not self._awaiting:
+            self._awaiting = None
+        rows = opening_rows(event, self.company_id, self.run_id, ordinal, at, self.limits)
+        rows.step.status = None
+        self._emit(out, rows)
+
+    def _late_delta(self, event: wire.ThinkingDelta, at: str, out: Output) -> None:
+        ordinal = self._alloc()
+        if ordinal is None:
+            return
+        text = event.payload.text
+        body, cut = clip(text, self.limits.reasoning_chars)
+        out.deeps.append(DeepRecord(company_id=self.company_id, run_id=self.run_id, step_seq=ordinal,
+                                    kind="thinking", ts=at, reasoning=body, clipped=cut))  # fmt: skip
+        if cut:
+            out.clipped.append("reasoning")
+        out.steps.append(
+            thinking_step(self.company_id, self.run_id, ordinal, chars=len(text), started_at=at, ts=at, closed=True)
+        )
+
+    def _await_call(self, key: str, ordinal: int) -> None:
+        awaiting = self._awaiting
+        if awaiting is None:
+            awaiting = self._awaiting = {}
+        awaiting[key] = ordinal
+        if len(awaiting) > self.limits.late_ranges:
+            del awaiting[next(iter(awaiting))]  # the oldest is forgotten
+
+
+def _failure(p: wire.RunEndPayload) -> Failure | None:
+    """The run record's failure: a string is the message of type ``unknown``; a
+    failed run with none gets type ``unknown`` (accepted, not dead-lettered)."""
+    failure = p.failure
+    if failure is None:
+        return Failure(type="unknown", message=_NO_FAILURE) if p.status == "failed" else None
+    if type(failure) is str:
+        return Failure(type="unknown", message=scrub(failure, TEXT_CHARS))
+    return Failure(type=scrub(failure.type), message=scrub(failure.message, TEXT_CHARS), step=failure.step)
 
 
 _HANDLERS: dict[type, _Handler] = {

@@ -1,7 +1,25 @@
-"""The write semantics of ``core.records`` as pure functions: what a store holds
-after a write. The memory sink, the file sink's reader, the SQLite sink's splice
-function and the pipeline's batch coalescing all use these, so there is one
-definition of "replace on key" and of the positional reasoning rule.
+"""The write semantics of ``core.records``, written once: what a store holds after
+a write. Every backend is held to these functions (the conformance suite compares
+each backend's rows with them):
+
+* the memory and file backends apply :func:`apply_deep` and :func:`merge_step` in
+  Python (through ``sinks.semantics``, which re-exports them);
+* SQLite keeps ``None`` bodies in SQL (``coalesce``) and splices every other
+  reasoning write with :func:`apply_reasoning`, registered on its connection as
+  the SQL function ``stepstream_splice``;
+* MongoDB reads the stored reasoning and ``$set`` s :func:`apply_reasoning` of it;
+* the pipeline's batch coalesces two writes of one row with :func:`merge_deep`,
+  which is *defined* as the one write equal to applying both in order.
+
+**The positional reasoning rule** (:func:`apply_reasoning`): a write carries the
+text from character ``reasoning_offset`` on and overwrites its own span,
+``stored[:offset] + written + stored[offset + len(written):]``. A chunk never
+shortens the text, and writing the same chunk twice changes nothing (so a replay
+converges). Two edge cases, chosen so that no written character is ever lost:
+a row with no text takes the chunk as its text whatever its offset (the store's
+text always starts at character 0), and a chunk starting past the stored end is
+appended at the end (Python slicing). The engine never writes either: its chunks
+are contiguous from 0; they arise only when rows were purged mid-run.
 """
 
 from __future__ import annotations
@@ -10,16 +28,13 @@ import msgspec
 
 from stepstream.core.records import DeepRecord, StepRecord
 
+__all__ = ["apply_deep", "apply_reasoning", "can_merge_deep", "merge_deep", "merge_step"]
+
 _STEP_FIELDS = tuple(f for f in StepRecord.__struct_fields__ if f not in ("company_id", "run_id", "step_seq"))
 
 
 def apply_reasoning(stored: str | None, offset: int, written: str | None) -> str | None:
-    """The positional reasoning rule: ``written`` overwrites its own span of the
-    stored text, ``stored[:offset] + written + stored[offset + len(written):]``.
-
-    A chunk never shortens the text (a late, stale chunk rewrites characters that
-    are already there, with the same text when the writer is deterministic); an
-    offset past the stored end appends (Python slicing); ``None`` keeps."""
+    """The positional reasoning rule (module docstring); ``None`` keeps."""
     if written is None:
         return stored
     if not stored:
@@ -39,40 +54,61 @@ def merge_step(stored: StepRecord | None, written: StepRecord) -> StepRecord:
     return msgspec.structs.replace(stored, **changes)
 
 
-def merge_deep(stored: DeepRecord | None, written: DeepRecord) -> DeepRecord:
-    """Coalesce two writes of one row into one: ``None`` bodies keep, ``clipped``
-    is sticky, ``ts`` the latest, ``reasoning`` follows :func:`apply_reasoning`
-    relative to ``stored.reasoning_offset``. When :func:`can_merge_deep` holds,
-    writing the result equals writing ``stored`` then ``written`` on any row
-    whose text reaches ``stored.reasoning_offset``; otherwise the written chunk
-    starts a new window (characters would be lost, so callers check first)."""
+def apply_deep(stored: DeepRecord | None, written: DeepRecord) -> DeepRecord:
+    """The row a store holds after ``written`` lands on ``stored``: ``None`` bodies
+    keep, ``clipped`` is sticky, ``ts`` the latest, ``kind`` the written one, and
+    ``reasoning`` follows :func:`apply_reasoning`. A stored row always has
+    ``reasoning_offset`` 0."""
     if stored is None:
+        if written.reasoning_offset:
+            return msgspec.structs.replace(written, reasoning_offset=0)
         return written
-    reasoning = stored.reasoning
-    offset = stored.reasoning_offset
-    if written.reasoning is not None:
-        head = stored.reasoning or ""
-        cut = written.reasoning_offset - offset
-        if cut < 0 or cut > len(head):
-            # Not adjacent to what is stored: the written chunk starts a new window.
-            reasoning, offset = written.reasoning, written.reasoning_offset
-        else:
-            reasoning = apply_reasoning(head, cut, written.reasoning)
-    return msgspec.structs.replace(
-        stored,
+    return DeepRecord(
+        company_id=stored.company_id,
+        run_id=stored.run_id,
+        step_seq=stored.step_seq,
         kind=written.kind,
         ts=max(stored.ts, written.ts),
-        reasoning=reasoning,
-        reasoning_offset=offset,
+        reasoning=apply_reasoning(stored.reasoning, written.reasoning_offset, written.reasoning),
         arguments=written.arguments if written.arguments is not None else stored.arguments,
         output=written.output if written.output is not None else stored.output,
         clipped=stored.clipped or written.clipped,
     )
 
 
-def can_merge_deep(stored: DeepRecord, written: DeepRecord) -> bool:
-    """Whether ``merge_deep`` keeps every character (the chunk is adjacent or overlapping)."""
-    if written.reasoning is None or stored.reasoning is None:
+def can_merge_deep(first: DeepRecord, second: DeepRecord) -> bool:
+    """Whether :func:`merge_deep` can coalesce the two writes: the second chunk
+    starts within the first or right after it (or one of them has no text)."""
+    if second.reasoning is None or first.reasoning is None:
         return True
-    cut = written.reasoning_offset - stored.reasoning_offset
-    return 0 <= cut <= len(stored.reasoning)
+    cut = second.reasoning_offset - first.reasoning_offset
+    return 0 <= cut <= len(first.reasoning)
+
+
+def merge_deep(first: DeepRecord | None, second: DeepRecord) -> DeepRecord:
+    """One write equal to writing ``first`` then ``second`` (``second`` alone when
+    ``first`` is ``None``): for every stored row whose text reaches
+    ``first.reasoning_offset``,
+    ``apply_deep(apply_deep(row, first), second) == apply_deep(row, merge_deep(first, second))``.
+    The chunk is :func:`apply_reasoning` of the second onto the first, at the
+    first's offset. Raises ``ValueError`` unless :func:`can_merge_deep` holds
+    (the two must then be written apart, in order)."""
+    if first is None:
+        return second
+    if not can_merge_deep(first, second):
+        raise ValueError("the second chunk does not start within or right after the first: write them apart")
+    if first.reasoning is None:
+        reasoning, offset = second.reasoning, second.reasoning_offset
+    else:
+        reasoning = apply_reasoning(first.reasoning, second.reasoning_offset - first.reasoning_offset, second.reasoning)
+        offset = first.reasoning_offset
+    return msgspec.structs.replace(
+        first,
+        kind=second.kind,
+        ts=max(first.ts, second.ts),
+        reasoning=reasoning,
+        reasoning_offset=offset,
+        arguments=second.arguments if second.arguments is not None else first.arguments,
+        output=second.output if second.output is not None else first.output,
+        clipped=first.clipped or second.clipped,
+    )

@@ -59,10 +59,13 @@ class StepRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
 
 
 class DeepRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
-    """The unredacted companion of one step. Bodies are text, capped in characters:
-    ``reasoning`` 65,536, ``output`` 65,536, ``arguments`` 32,768 (see ``core.caps``).
-    ``arguments`` and ``output`` are JSON text (a string output is stored as its JSON
-    string literal), so a stored body can be parsed back unless it was clipped.
+    """The unredacted companion of one step. Bodies are capped in characters of what
+    a reader sees: ``reasoning`` 65,536, ``output`` 65,536, ``arguments`` 32,768
+    (``core.caps``). ``arguments`` and ``output`` are JSON *values*: the raw string,
+    object, array or number as the event carried it, or, once over the cap, a string
+    holding the head of its text and the clip marker (``clipped`` is then set).
+    A body whose value is JSON ``null`` reads as ``None`` (no body): a completed
+    step with no output body had the output ``null``.
     ``ts`` is the event time of the write; the deep store ranks runs by its maximum."""
 
     company_id: str
@@ -72,20 +75,32 @@ class DeepRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
     ts: str
     reasoning: str | None = None
     reasoning_offset: int = 0
-    arguments: str | None = None
-    output: str | None = None
+    arguments: Any | None = None
+    output: Any | None = None
     clipped: bool = False
 
 
+class Failure(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """Why a run failed (the ``.sftrace`` manifest's shape). ``type`` is ``unknown``
+    when the agent gave only a message, or nothing (``core.fold``)."""
+
+    type: str
+    message: str
+    step: int | None = None
+
+
 class RunRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
-    """One run. Always written whole (the engine holds it in the run's state)."""
+    """One run. Always written whole (the engine holds it in the run's state).
+    ``environment`` is the run_start's object (redacted) or string, kept structured.
+    ``seq_gaps`` counts the gaps seen, ``late_events`` the events that filled one
+    later (duplicates are counted by neither)."""
 
     company_id: str
     run_id: str
     agent_name: str | None = None
-    environment: str | None = None
+    environment: dict[str, Any] | str | None = None
     status: RunStatus = "running"
-    failure: str | None = None
+    failure: Failure | None = None
     started_at: str | None = None
     ended_at: str | None = None
     last_event_at: str | None = None
@@ -96,6 +111,7 @@ class RunRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
     truncated: bool = False
     dropped_steps: int = 0
     seq_gaps: int = 0
+    late_events: int = 0
 
 
 class RunState(msgspec.Struct, kw_only=True):
@@ -114,4 +130,9 @@ class RunState(msgspec.Struct, kw_only=True):
     thinking_started_at: str | None = None
     # Open tool and LLM calls: "tool:<call_id>" or "llm:<call_id>" -> ordinal.
     open_calls: dict[str, int] = {}
+    # Late events (core.fold): the seqs a gap skipped, as ascending inclusive
+    # [first, last] ranges (at most Limits.late_ranges), and the results that made
+    # a step before their call arrived: call key -> ordinal.
+    skipped_seqs: tuple[tuple[int, int], ...] = ()
+    awaiting_calls: dict[str, int] = {}
     run: RunRecord | None = None

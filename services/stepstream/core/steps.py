@@ -4,7 +4,7 @@
 it writes there. Per event type:
 
 ============== ===================== ================================ ===========================
-event          step label            step arguments (redacted)        deep body (raw JSON text)
+event          step label            step arguments (redacted)        deep body (raw JSON value)
 ============== ===================== ================================ ===========================
 tool_call      the tool              the arguments                    ``arguments``: the arguments
 llm_request    ``provider/model``    the params                       ``arguments``: the input
@@ -26,16 +26,15 @@ Bodies are clipped to the caps of ``core.caps``.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 from stepstream.core import wire
 from stepstream.core.caps import json_body
+from stepstream.core.limits import Limits
 from stepstream.core.records import DeepRecord, StepRecord
 from stepstream.core.redact import TEXT_CHARS, redact, scrub
 from stepstream.core.shapes import shape, shape_chars
 
-if TYPE_CHECKING:  # pragma: no cover
-    from stepstream.core.fold import Limits
 
 __all__ = ["CALLS", "OPENERS", "RESULTS", "Rows", "call_key", "opening_rows", "result_rows", "thinking_step"]
 

@@ -56,7 +56,8 @@ class Usage(msgspec.Struct, forbid_unknown_fields=False, omit_defaults=True):
 
 class RunStartPayload(msgspec.Struct, omit_defaults=True):
     agent_name: Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
-    environment: str | None = None
+    # Any JSON object (the ``.sftrace`` manifest's shape); a string is accepted too.
+    environment: dict[str, Any] | str | None = None
     metadata: dict[str, Any] | None = None
 
 
@@ -101,9 +102,20 @@ class ErrorPayload(msgspec.Struct, omit_defaults=True):
     kind: str | None = None
 
 
+class FailurePayload(msgspec.Struct, omit_defaults=True):
+    """Why a run failed, as the ``.sftrace`` manifest has it: ``step`` is the
+    agent's own step number, if it gave one."""
+
+    type: Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
+    message: str
+    step: Annotated[int, msgspec.Meta(ge=0, le=MAX_SEQ)] | None = None
+
+
 class RunEndPayload(msgspec.Struct, omit_defaults=True):
     status: Literal["completed", "failed"]
-    failure: str | None = None
+    # Required by the contract when ``status`` is failed; a string is accepted as the
+    # message. The fold records a missing one as type ``unknown`` (core.fold).
+    failure: str | FailurePayload | None = None
 
 
 class _Envelope(msgspec.Struct, tag_field="type", omit_defaults=True, kw_only=True):
@@ -196,7 +208,7 @@ _OUT_OF_RANGE = ("Expected `int` >=", "Expected `int` <=", "Number out of range"
 # The payload fields that hold arbitrary JSON: the only place a decoded event can nest
 # deeper than its own Structs. A unit test checks this against the payload annotations.
 JSON_FIELDS: dict[type, tuple[str, ...]] = {
-    RunStart: ("metadata",),
+    RunStart: ("environment", "metadata"),
     LlmRequest: ("input", "params"),
     LlmResponse: ("output",),
     ToolCall: ("arguments",),

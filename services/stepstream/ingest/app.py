@@ -88,7 +88,7 @@ class IngestWorker:
             return
         try:
             steps = await open_step_store(self.settings.steps_sink)
-            deep = await open_deep_store(self.settings.deep)
+            deep = await open_deep_store(self.settings.deep, on_clip=self._port_clipped)
         except Exception as exc:  # noqa: BLE001 - every failure to open is fatal, by policy
             die("cannot open the stores", exc)
             raise
@@ -111,6 +111,9 @@ class IngestWorker:
             before_durable=self._confirm_dead_letters,
         )
         self.metrics.store_available.set(1)
+
+    def _port_clipped(self, field: str) -> None:
+        self.metrics.clipped.labels(field).inc()
 
     def ready(self, rebalancing: bool) -> bool:
         pipeline = self.pipeline

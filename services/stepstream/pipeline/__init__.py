@@ -185,11 +185,17 @@ class Pipeline:
         batch = self._batch
         batch.add(out)
         m = self._metrics
-        if m is not None and (out.flushes or out.clipped):
+        if m is not None and (out.flushes or out.clipped or out.seq_gap or out.late or out.dropped):
             for trigger in out.flushes:
                 m.thinking_flushes.labels(trigger).inc()
             for field in out.clipped:
                 m.clipped.labels(field).inc()
+            if out.seq_gap:
+                m.seq_gaps.inc()
+            if out.late:
+                m.late_events.inc()
+            if out.dropped:
+                m.steps_dropped.inc(out.dropped)
         if out.state is None:
             # Buffered in the fold's tail: durable only when the tail is flushed.
             self.folds.tails.add(key)

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import parse_qsl, unquote
 
-from stepstream.core.fold import Limits
+from stepstream.core.limits import Limits
 from stepstream.errors import ConfigError
 from stepstream.sinks.ports import DeepStore, StepStore
 
@@ -117,9 +117,18 @@ async def open_step_store(url: str) -> StepStore:
     return await MongoStepStore(url).open()
 
 
-async def open_deep_store(url: str, *, limits: Limits | None = None) -> DeepStore:
-    """The deep store at ``url``, opened and ready. ``limits`` (a ``core.fold.Limits``)
-    sets the caps the port clips to; ``None`` means the contract's defaults."""
+async def open_deep_store(
+    url: str, *, limits: Limits | None = None, on_clip: Callable[[str], None] | None = None
+) -> DeepStore:
+    """The deep store at ``url``, opened and ready. ``limits`` (a ``core.limits.Limits``)
+    sets the caps the port clips to; ``None`` means the contract's defaults. ``on_clip``
+    hears the field name of every body the port clips (``semantics.clip_batch``)."""
+    store = await _open_deep_store(url, limits)
+    store.on_clip = on_clip  # type: ignore[attr-defined]
+    return store
+
+
+async def _open_deep_store(url: str, limits: Limits | None) -> DeepStore:
     scheme = _scheme(url)
     if scheme == "memory":
         from stepstream.sinks.memory import MemoryDeepStore

@@ -66,11 +66,12 @@ from typing import Any, Generic, TypeVar
 
 import msgspec
 
-from stepstream.core.fold import Limits
+from stepstream.core.limits import Limits
 from stepstream.core.records import DeepRecord, RunRecord, RunState, StepRecord
 from stepstream.errors import SinkError, SinkUnavailable
 from stepstream.sinks.ports import Capabilities, RunsPage
 from stepstream.sinks.semantics import (
+    ClipHook,
     RunKey,
     admit,
     apply_deep,
@@ -346,6 +347,7 @@ class FileDeepStore:
         self.durability = _durability(fsync)
         self._deep = _Folded(root / DEEP_FILE, DeepRecord, _fold_deep)
         self._limits = limits
+        self.on_clip: ClipHook | None = None  # set by open_deep_store; counts clips at the port
 
     @property
     def bad_lines(self) -> int:
@@ -354,7 +356,7 @@ class FileDeepStore:
 
     async def write(self, deeps: Sequence[DeepRecord]) -> None:
         if deeps:
-            data = _lines(DEEP_FILE, clip_batch(deeps, self._limits))
+            data = _lines(DEEP_FILE, clip_batch(deeps, self._limits, self.on_clip))
             await asyncio.to_thread(self._append, data)
 
     def _append(self, data: bytes) -> None:

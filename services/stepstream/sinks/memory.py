@@ -11,10 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from stepstream.core.fold import Limits
+from stepstream.core.limits import Limits
 from stepstream.core.records import DeepRecord, RunRecord, RunState, StepRecord
 from stepstream.sinks.ports import Capabilities, RunsPage
 from stepstream.sinks.semantics import (
+    ClipHook,
     RunKey,
     admit,
     apply_deep,
@@ -101,10 +102,11 @@ class MemoryDeepStore:
 
     def __init__(self, limits: Limits | None = None) -> None:
         self._limits = limits
+        self.on_clip: ClipHook | None = None  # set by open_deep_store; counts clips at the port
         self._rows: dict[RunKey, dict[int, DeepRecord]] = {}
 
     async def write(self, deeps: Sequence[DeepRecord]) -> None:
-        for deep in clip_batch(deeps, self._limits):
+        for deep in clip_batch(deeps, self._limits, self.on_clip):
             rows = self._rows.setdefault((deep.company_id, deep.run_id), {})
             rows[deep.step_seq] = apply_deep(rows.get(deep.step_seq), deep)
 

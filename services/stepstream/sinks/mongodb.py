@@ -19,8 +19,8 @@ them), so an upsert filtered on the key fields would cost a full scan each.
 Run-wide reads (``get_steps``, ``list_runs``, purges) filter on the key fields,
 which MongoDB serves from the indexes and FerretDB-on-SQLite by a scan.
 
-Documents hold the record's fields, with two choices: ``run_steps.arguments``
-is JSON *text* and ``run_state.state`` is the whole RunState as JSON text,
+Documents hold the record's fields, with three choices: ``run_steps.arguments``,
+``runs.environment`` and the deep bodies ``arguments`` and ``output`` are JSON *text*, and ``run_state.state`` is the whole RunState as JSON text,
 because free-form keys (``$ref``, ``a.b``, ``tool:call.1``) are not safe BSON
 field names everywhere and integers beyond int64 are not BSON at all.
 
@@ -66,7 +66,8 @@ merge needs ``stored[:offset] + written + stored[offset + len(written):]``;
 MongoDB could do it with an update pipeline (``$substrCP``/``$concat``) but
 FerretDB 1.x rejects pipeline updates, so the adapter reads the stored reasoning
 of every row the batch writes reasoning to (one ``_id`` lookup each) and
-``$set`` s the merged text.
+``$set`` s the text ``core.merge.apply_reasoning`` makes of it (the one
+definition of the rule).
 That is a read-modify-write: correct because one run is written by one worker at
 a time (Kafka partitioning) and this store serialises its own deep writes. A row
 whose stored text was merged is then updated without upsert, and no text is
@@ -97,11 +98,12 @@ from typing import Any
 
 import msgspec
 
-from stepstream.core.fold import Limits
+from stepstream.core.limits import Limits
 from stepstream.core.records import DeepRecord, RunRecord, RunState, StepRecord
 from stepstream.errors import ConfigError, SinkError, SinkUnavailable, StepstreamError
 from stepstream.sinks.ports import Capabilities, RunsPage
 from stepstream.sinks.semantics import (
+    ClipHook,
     RunKey,
     admit,
     apply_reasoning,
@@ -309,6 +311,8 @@ def row_id(company_id: str, run_id: str, step_seq: int | None = None) -> str:
 
 def _run_op(run: RunRecord) -> Any:
     doc = _to_builtins(run)
+    if run.environment is not None:  # free-form keys: JSON text, as step arguments
+        doc["environment"] = _json.encode(run.environment).decode()
     doc["recency"] = recency(run)
     return ReplaceOne({"_id": row_id(run.company_id, run.run_id)}, doc, upsert=True)
 
@@ -357,11 +361,18 @@ def _step(doc: dict[str, Any]) -> StepRecord:
 
 
 def _run(doc: dict[str, Any]) -> RunRecord:
+    environment = doc.pop("environment", None)
+    if environment is not None:
+        doc["environment"] = msgspec.json.decode(environment)
     return msgspec.convert(doc, RunRecord)
 
 
 def _deep(doc: dict[str, Any]) -> DeepRecord:
-    return msgspec.convert(doc, DeepRecord)
+    bodies = {name: doc.pop(name) for name in ("arguments", "output") if doc.get(name) is not None}
+    deep = msgspec.convert(doc, DeepRecord)
+    for name, text in bodies.items():
+        setattr(deep, name, msgspec.json.decode(text))
+    return deep
 
 
 class MongoStepStore:
@@ -484,6 +495,7 @@ class MongoDeepStore:
     def __init__(self, url: str, limits: Limits | None = None) -> None:
         self._conn = _Connection(url)
         self._limits = limits
+        self.on_clip: ClipHook | None = None  # set by open_deep_store; counts clips at the port
         self._write_lock = asyncio.Lock()
 
     @property
@@ -504,7 +516,7 @@ class MongoDeepStore:
     async def write(self, deeps: Sequence[DeepRecord]) -> None:
         if not deeps:
             return
-        deeps = clip_batch(deeps, self._limits)
+        deeps = clip_batch(deeps, self._limits, self.on_clip)
         async with self._write_lock, _translated("write run_step_details"):
             stored = await self._stored_reasoning(deeps)
             current = dict(stored)
@@ -525,9 +537,9 @@ class MongoDeepStore:
                         current.get(key), d.reasoning_offset, d.reasoning
                     )
                 if d.arguments is not None:
-                    fields["arguments"] = d.arguments
+                    fields["arguments"] = _json.encode(d.arguments).decode()
                 if d.output is not None:
-                    fields["output"] = d.output
+                    fields["output"] = _json.encode(d.output).decode()
                 if d.clipped:
                     fields["clipped"] = True
             ops = []

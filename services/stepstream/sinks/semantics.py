@@ -2,15 +2,13 @@
 batch, run recency and its cursor, the clipping every deep write goes through at
 the port (``core.caps``), and the error a value no backend column can hold becomes.
 
-The merge here is the *store's* view of ``core.records``: a stored deep row
-always starts at character 0, and a write at ``reasoning_offset`` N overwrites
-its own span, ``stored[:N] + written + stored[N + len(written):]``
-(``core.merge.apply_reasoning``; an offset past the stored end simply appends,
-as Python slicing does). A deep row's ``ts`` is the latest it was written with
-(``max``), as ``core.merge.merge_deep`` coalesces a batch, so a row is the same
-whether or not the worker's batch boundaries fell between two writes. The
-memory and file backends apply it in Python; SQLite and MongoDB implement the
-same rule natively and the conformance suite holds them to it.
+The merge is ``core.merge`` (re-exported here: :func:`apply_deep`,
+:func:`apply_reasoning`, :func:`merge_step`), the one definition of the write
+semantics of ``core.records``: a stored deep row always starts at character 0,
+a write at ``reasoning_offset`` N overwrites its own span, a deep row's ``ts``
+is the latest it was written with. The memory and file backends apply it in
+Python; SQLite calls :func:`apply_reasoning` from SQL and MongoDB from its
+read-modify-write, and the conformance suite holds every backend to it.
 
 **Stale runs** (:func:`admit`). A step batch carries at most one state per run
 that matters, its last; a run whose stored state's ``last_seq`` is not below
@@ -23,14 +21,14 @@ from __future__ import annotations
 
 import base64
 import binascii
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import NamedTuple
 
 import msgspec
 
 from stepstream.core.caps import clip_deep
-from stepstream.core.fold import Limits
-from stepstream.core.merge import apply_reasoning, merge_step
+from stepstream.core.limits import Limits
+from stepstream.core.merge import apply_deep, apply_reasoning, merge_step
 from stepstream.core.records import DeepRecord, RunRecord, RunState, StepRecord
 from stepstream.errors import SinkError
 from stepstream.sinks.ports import InvalidCursor
@@ -40,6 +38,7 @@ RunKey = tuple[str, str]
 __all__ = [
     "DEFAULT_LIMITS",
     "Admitted",
+    "ClipHook",
     "RunKey",
     "admit",
     "apply_deep",
@@ -57,26 +56,6 @@ __all__ = [
     "state_keys",
     "unstorable",
 ]
-
-
-def apply_deep(stored: DeepRecord | None, written: DeepRecord) -> DeepRecord:
-    """The row a store holds after ``written`` lands on ``stored``. The result
-    always has ``reasoning_offset`` 0."""
-    if stored is None:
-        if written.reasoning_offset:
-            return msgspec.structs.replace(written, reasoning_offset=0)
-        return written
-    return DeepRecord(
-        company_id=stored.company_id,
-        run_id=stored.run_id,
-        step_seq=stored.step_seq,
-        kind=written.kind,
-        ts=max(stored.ts, written.ts),
-        reasoning=apply_reasoning(stored.reasoning, written.reasoning_offset, written.reasoning),
-        arguments=written.arguments if written.arguments is not None else stored.arguments,
-        output=written.output if written.output is not None else stored.output,
-        clipped=stored.clipped or written.clipped,
-    )
 
 
 def state_keys(states: Sequence[RunState]) -> list[RunKey]:
@@ -171,11 +150,32 @@ def check_keep(keep: int) -> int:
 DEFAULT_LIMITS = Limits()
 
 
-def clip_batch(deeps: Iterable[DeepRecord], limits: Limits | None = None) -> list[DeepRecord]:
+ClipHook = Callable[[str], None]
+
+
+def clip_batch(
+    deeps: Iterable[DeepRecord], limits: Limits | None = None, on_clip: ClipHook | None = None
+) -> list[DeepRecord]:
     """Every record clipped to the caps of ``limits`` (default: the contract's) with
-    ``core.caps.clip_deep``; a record within them is passed through as is."""
+    ``core.caps.clip_deep``; a record within them is passed through as is. ``on_clip``
+    hears the name of every body the port cut (the worker counts them in
+    ``stepstream_clipped_bodies``); a record the engine made is already within the
+    caps, so only a foreign one (an import, a smaller cap here) is ever cut."""
     limits = limits or DEFAULT_LIMITS
-    return [clip_deep(d, limits) for d in deeps]
+    if on_clip is None:
+        return [clip_deep(d, limits) for d in deeps]
+    out = []
+    for deep in deeps:
+        clipped = clip_deep(deep, limits)
+        if clipped is not deep:
+            for field in _BODIES:
+                if getattr(clipped, field) is not getattr(deep, field):
+                    on_clip(field)
+        out.append(clipped)
+    return out
+
+
+_BODIES = ("reasoning", "arguments", "output")
 
 
 def newest_first(last_ts: dict[str, str]) -> list[tuple[str, str]]:

@@ -9,12 +9,14 @@ Schema (created if missing; columns mirror the record fields)::
 
     run_steps         PRIMARY KEY (company_id, run_id, step_seq), WITHOUT ROWID;
                       arguments is JSON text
-    runs              PRIMARY KEY (company_id, run_id), WITHOUT ROWID, plus
+    runs              PRIMARY KEY (company_id, run_id), WITHOUT ROWID;
+                      environment and failure are JSON text; plus
                       recency = coalesce(started_at, last_event_at, '') and the
                       index runs_recency (company_id, recency DESC, run_id DESC)
     run_state         PRIMARY KEY (company_id, run_id), WITHOUT ROWID; state is the
                       msgspec JSON of the RunState
-    run_step_details  PRIMARY KEY (company_id, run_id, step_seq) (a rowid table:
+    run_step_details  arguments and output are the JSON text of the body value;
+                      PRIMARY KEY (company_id, run_id, step_seq) (a rowid table:
                       bodies are large), index run_step_details_recency
                       (company_id, run_id, ts) that also covers list_deep_runs
 
@@ -27,9 +29,10 @@ batches. A step batch first reads, inside that transaction, the stored
 so the check and the write are one atomic step for every writer of the file.
 The merge is SQL: ``col = coalesce(excluded.col, col)``,
 ``clipped = max(clipped, excluded.clipped)``, ``ts = max(ts, excluded.ts)``
-and, for the positional reasoning of a row that has text,
+and, for every reasoning write,
 ``stepstream_splice(reasoning, offset, excluded.reasoning)``: a SQL function
-registered on the writer connection that is ``core.merge.apply_reasoning``
+registered on the writer connection that is ``core.merge.apply_reasoning`` (the
+one definition of the rule, so SQLite cannot drift from it)
 (``stored[:offset] + written + stored[offset + len(written):]``). SQLite's own
 ``substr`` and ``length`` count characters but stop at a NUL character (U+0000,
 legal in JSON text and so in reasoning), which would silently drop text. Plain
@@ -61,11 +64,12 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from stepstream.core.fold import Limits
+from stepstream.core.limits import Limits
 from stepstream.core.records import DeepRecord, RunRecord, RunState, StepRecord
 from stepstream.errors import ConfigError, SinkError, SinkUnavailable
 from stepstream.sinks.ports import Capabilities, RunsPage
 from stepstream.sinks.semantics import (
+    ClipHook,
     RunKey,
     admit,
     apply_reasoning,
@@ -99,6 +103,8 @@ _STEP_COLS = StepRecord.__struct_fields__
 _RUN_COLS = RunRecord.__struct_fields__
 _DEEP_COLS = tuple(f for f in DeepRecord.__struct_fields__ if f != "reasoning_offset")
 _STEP_ARGS = _STEP_COLS.index("arguments")
+_RUN_JSON = (_RUN_COLS.index("environment"), _RUN_COLS.index("failure"))
+_DEEP_JSON = tuple(DeepRecord.__struct_fields__.index(name) for name in ("arguments", "output"))
 _KEY3 = ("company_id", "run_id", "step_seq")
 _KEY2 = ("company_id", "run_id")
 _SQL_TYPES = {int: "INTEGER", bool: "INTEGER", str: "TEXT"}
@@ -174,7 +180,6 @@ def _deep_upsert() -> str:
         "ON CONFLICT (company_id, run_id, step_seq) DO UPDATE SET "
         "kind = excluded.kind, ts = max(ts, excluded.ts), "
         "reasoning = CASE WHEN excluded.reasoning IS NULL THEN reasoning "
-        "WHEN reasoning IS NULL THEN excluded.reasoning "
         f"ELSE stepstream_splice(reasoning, {off}, excluded.reasoning) END, "
         "arguments = coalesce(excluded.arguments, arguments), "
         "output = coalesce(excluded.output, output), "
@@ -232,8 +237,15 @@ def step_params(steps: Sequence[StepRecord]) -> list[tuple[Any, ...]]:
 
 
 def run_params(runs: Sequence[RunRecord]) -> list[tuple[Any, ...]]:
-    astuple = msgspec.structs.astuple
-    return [(*astuple(r), recency(r)) for r in runs]
+    astuple, encode = msgspec.structs.astuple, _json.encode
+    out = []
+    for r in runs:
+        row = list(astuple(r))
+        for i in _RUN_JSON:  # structured fields are JSON text
+            if row[i] is not None:
+                row[i] = encode(row[i]).decode()
+        out.append((*row, recency(r)))
+    return out
 
 
 def state_params(states: Sequence[RunState]) -> list[tuple[Any, ...]]:
@@ -242,8 +254,17 @@ def state_params(states: Sequence[RunState]) -> list[tuple[Any, ...]]:
 
 
 def deep_params(deeps: Sequence[DeepRecord]) -> list[tuple[Any, ...]]:
-    astuple = msgspec.structs.astuple
-    return [astuple(d) for d in deeps]
+    astuple, encode = msgspec.structs.astuple, _json.encode
+    out = []
+    for d in deeps:
+        row = astuple(d)
+        if d.arguments is not None or d.output is not None:
+            row = list(row)
+            for i in _DEEP_JSON:  # bodies are JSON values: stored as their JSON text
+                if row[i] is not None:
+                    row[i] = encode(row[i]).decode()
+        out.append(tuple(row))
+    return out
 
 
 def is_retriable(exc: sqlite3.Error) -> bool:
@@ -403,12 +424,19 @@ def _run(row: Sequence[Any]) -> RunRecord:
     values = dict(zip(_RUN_COLS, row, strict=True))
     for name in _RUN_BOOLS:
         values[name] = bool(values[name])
-    return RunRecord(**values)
+    for i in _RUN_JSON:
+        name = _RUN_COLS[i]
+        if values[name] is not None:
+            values[name] = msgspec.json.decode(values[name])
+    return msgspec.convert(values, RunRecord)
 
 
 def _deep(row: Sequence[Any]) -> DeepRecord:
     values = dict(zip(_DEEP_COLS, row, strict=True))
     values["clipped"] = bool(values["clipped"])
+    for name in ("arguments", "output"):
+        if values[name] is not None:
+            values[name] = msgspec.json.decode(values[name])
     return DeepRecord(**values)
 
 
@@ -506,6 +534,7 @@ class SqliteDeepStore:
     ) -> None:
         self._db = _Database(path, synchronous, busy_timeout_ms)
         self._limits = limits
+        self.on_clip: ClipHook | None = None  # set by open_deep_store; counts clips at the port
 
     @property
     def durability(self) -> str:
@@ -519,7 +548,7 @@ class SqliteDeepStore:
     async def write(self, deeps: Sequence[DeepRecord]) -> None:
         if not deeps:
             return
-        clipped = clip_batch(deeps, self._limits)
+        clipped = clip_batch(deeps, self._limits, self.on_clip)
 
         async def body(conn: aiosqlite.Connection) -> None:
             await _write_rows(conn, "run_step_details", _UPSERT_DEEP, deep_params, clipped)
