@@ -82,6 +82,14 @@ async def _send_not_found(send: Any) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
+async def reject_unknown_query(request: Request[Any, Any, Any]) -> None:
+    """A query parameter the route does not declare (its ``opt["query"]``) is a 400,
+    so that a typo (``?limt=5``) is an error, not a silently ignored wish."""
+    unknown = set(request.query_params) - set(request.route_handler.opt.get("query", ()))
+    if unknown:
+        raise ProblemError(problem(400, "unknown query parameter"))
+
+
 class RequestInfo:
     """Filled while a request is served, read by the access log."""
 
@@ -101,6 +109,11 @@ class ApiApp:
     def __init__(self, litestar: Litestar, metrics: ApiMetrics) -> None:
         self.litestar = litestar
         self.metrics = metrics
+        # Litestar's automatic OPTIONS answer lists the methods its route held when
+        # the first handler of a path was added; the route's final set is this.
+        self.allow: dict[str, bytes] = {
+            route.path_format: ", ".join(sorted(route.methods)).encode() for route in litestar.routes
+        }
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -115,6 +128,10 @@ class ApiApp:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
+                if scope.get("method") == "OPTIONS" and scope.get("path_template") in self.allow:
+                    allow = self.allow[scope["path_template"]]
+                    headers = [(k, v) for k, v in message.get("headers", []) if k.lower() != b"allow"]
+                    message = {**message, "headers": [*headers, (b"allow", allow)]}
             await send(message)
 
         try:
@@ -158,8 +175,8 @@ def create_app(steps: StepStore, deep: DeepStore, tokens: TokenRegistry, metrics
         openapi_config=OpenAPIConfig(
             title="stepstream read API",
             version=API_VERSION,
-            path="/",
-            render_plugins=[JsonRenderPlugin(path="/openapi.json")],
+            path="/openapi.json",
+            render_plugins=[JsonRenderPlugin(path="/")],
             components=Components(
                 security_schemes={
                     "bearer": SecurityScheme(type="http", scheme="bearer", description="stepstream API token (sst_...)")
@@ -168,6 +185,7 @@ def create_app(steps: StepStore, deep: DeepStore, tokens: TokenRegistry, metrics
             use_handler_docstrings=True,
         ),
         logging_config=None,
+        before_request=reject_unknown_query,
         debug=False,
     )
     return ApiApp(litestar, metrics)

@@ -12,7 +12,8 @@ Order of the checks, and why:
 The guard runs before path and query parameters are validated, so an anonymous
 caller always gets 401, whatever else is wrong with the request. The route's
 scope is the handler's ``opt["scope"]``; a ``/v1`` handler without one is a
-programming error and is refused (500) rather than served open.
+programming error and is refused (500) rather than served open. ``OPTIONS``
+(Litestar's automatic answer: 204 and ``Allow``, no body) needs no token.
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ def make_guard(registry: TokenRegistry) -> Any:
     request's ``stepstream`` info for the access log."""
 
     async def authorize(connection: Any, route_handler: Any) -> None:
+        if connection.scope.get("method") == "OPTIONS":
+            return  # Litestar's own answer: 204 with Allow, the same for every path; no data
         token = bearer_token(connection.headers.get("authorization"))
         if token is None:
             raise ProblemError(problem(401, "a bearer token is required"), {"WWW-Authenticate": REALM})

@@ -33,7 +33,7 @@ def steps_router(store: StepStore, guards: list[object]) -> Router:
 
     @get(
         "/runs",
-        opt={"scope": "steps:read"},
+        opt={"scope": "steps:read", "query": ("limit", "before")},
         summary="List runs, most recent first",
         operation_id="listRuns",
         responses=problem_responses(400, *GUARDED),
@@ -43,7 +43,11 @@ def steps_router(store: StepStore, guards: list[object]) -> Router:
         limit: Annotated[int, Parameter(ge=1, le=MAX_LIMIT, description=f"Page size, 1..{MAX_LIMIT}")] = DEFAULT_LIMIT,
         before: Annotated[
             str | None,
-            Parameter(max_length=CURSOR_MAX_CHARS, description="The next_cursor of the previous page"),
+            Parameter(
+                max_length=CURSOR_MAX_CHARS,
+                pattern=r"^[A-Za-z0-9_-]+$",
+                description="The next_cursor of the previous page (opaque; one the API did not make is a 400)",
+            ),
         ] = None,
     ) -> RunsPage:
         """Runs of the company, most recent first (by start time, then run id), with
