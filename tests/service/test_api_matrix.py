@@ -204,3 +204,17 @@ async def test_bundle_route_is_absent(api):
     response = await http.get(f"/v1/companies/{A}/runs/{RUN}/trace.sftrace", headers=bearer(tokens[(A, "all")]))
     assert response.status_code == 404
     assert "/trace.sftrace" not in (await http.get("/openapi.json")).text
+
+
+async def test_access_log_names_the_token_id_never_the_token(api, caplog):
+    http, tokens, steps, deep = api
+    token = tokens[(A, "steps")]
+    token_id = token.split("_")[1]
+    with caplog.at_level("INFO", logger="stepstream.api.access"):
+        assert (await http.get(f"/v1/companies/{A}/runs/{RUN}", headers=bearer(token))).status_code == 200
+        assert (await http.get(f"/v1/companies/{A}/runs/{RUN}", headers=bearer(tokens.bad))).status_code == 401
+    lines = [r.getMessage() for r in caplog.records if r.name == "stepstream.api.access"]
+    assert len(lines) == 2
+    assert f"token={token_id}" in lines[0] and "/v1/companies/{company}/runs/{run_id} 200" in lines[0]
+    assert "token=-" in lines[1]
+    assert not any(token.rsplit("_", 1)[1] in line or tokens.bad in line or RUN in line for line in lines)
