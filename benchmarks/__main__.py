@@ -27,7 +27,7 @@ def main() -> int:
     print("\n== API (concurrent readers while a writer ingests into the same SQLite store) ==", flush=True)
     from benchmarks import bench_api
 
-    bench_api.main(["--seconds", "3", "--write-runs", "200"] if args.quick else [])
+    bench_api.main((["--broker", args.broker] if args.broker else []) + (["--seconds", "3", "--write-runs", "200"] if args.quick else []))
     if args.broker:
         print("\n== worker (end to end on the real broker: two corpora, three sinks, their ceilings) ==", flush=True)
         bench_worker.main(

@@ -1,13 +1,15 @@
 """API load: concurrent readers against ``stepstream api`` while a writer ingests.
 
     PYTHONPATH=services python -m benchmarks.bench_api [--readers 16] [--seconds 10]
-        [--seed-runs 120] [--write-runs 600]
+        [--seed-runs 120] [--write-runs 600] [--broker HOST:PORT]
 
 Everything is local and bounded: a SQLite store (durable defaults) seeded with
 ``--seed-runs`` generated runs over 4 companies, the API served by uvicorn in its
-own process (``stepstream api``), and the writer, ``stepstream ingest-file`` (the
-worker's own pipeline and batch writer, without Kafka), in a third process writing
-``--write-runs`` more runs into the same database while the readers run. Each
+own process (``stepstream api``), and a writer in a third process writing
+``--write-runs`` more runs into the same database while the readers run: with
+``--broker`` (``make bench`` passes one), ``stepstream worker`` consuming a fresh
+topic that the producer SDK fills; without, ``stepstream ingest-file`` (the
+worker's own pipeline and batch writer, without Kafka). Each
 reader loops: list a page of runs (``limit=50``), read one run with its steps, read
 its deep bodies, for ``--seconds`` or ``--max-requests`` in all. Every non-200
 answer or transport error counts as an error. Reported: requests, errors,
@@ -28,9 +30,9 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
 
 import httpx
 import msgspec
@@ -48,6 +50,7 @@ ROUTES = ("list_runs", "get_run", "get_deep")
 class LoadReport:
     readers: int
     seconds: float
+    writer: str = ""
     requests: int = 0
     errors: int = 0
     error_samples: list[str] = field(default_factory=list)
@@ -56,6 +59,7 @@ class LoadReport:
     writer_seconds: float = 0.0
     writer_exit: int | None = None
     writer_overlap: bool = False  # the writer was still writing when the readers stopped
+    baseline: LoadReport | None = None  # the same readers before the writer started
 
     def quantile(self, q: float, route: str | None = None) -> float:
         values = sorted(self.latencies[route] if route else [v for vs in self.latencies.values() for v in vs])
@@ -64,10 +68,14 @@ class LoadReport:
         return values[min(len(values) - 1, int(q * len(values)))]
 
     def lines(self) -> list[str]:
-        out = [
+        out = []
+        if self.baseline is not None:
+            out += ["-- readers alone (no writer):", *self.baseline.lines()[:1], *self.baseline.lines()[2:3]]
+            out += ["-- readers while the writer writes:"]
+        out += [
             f"readers {self.readers}, {self.seconds:.1f} s: {self.requests} requests, {self.errors} errors, "
             f"{self.requests / self.seconds:.0f} req/s",
-            f"writer: {self.writer_events} events in {self.writer_seconds:.1f} s, exit {self.writer_exit}, "
+            f"writer {self.writer}: {self.writer_events} events in {self.writer_seconds:.1f} s, exit {self.writer_exit}, "
             f"{'still writing when the readers stopped' if self.writer_overlap else 'finished before the readers stopped'}",
         ]
         for route in (None, *ROUTES):
@@ -153,6 +161,77 @@ async def _readers(base: str, token: str, report: LoadReport, max_requests: int,
         await asyncio.gather(*(reader(i) for i in range(report.readers)))
 
 
+class IngestFileWriter:
+    """``stepstream ingest-file`` over the write corpus, in its own process."""
+
+    name = "ingest-file"
+
+    def __init__(self, events: list, workdir: Path, env: dict[str, str]) -> None:
+        self.path = workdir / "write.jsonl"
+        self.count = _write_jsonl(self.path, events)
+        self.env = env
+        self.log = workdir / "writer.log"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        with self.log.open("wb") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "stepstream.cli", "ingest-file", str(self.path), "--no-progress"],
+                env=self.env,
+                stderr=log,
+            )
+
+    def wait(self, timeout: float) -> int:
+        assert self.proc is not None
+        return self.proc.wait(timeout=timeout)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+class KafkaWorkerWriter:
+    """``stepstream worker`` on a fresh topic of the real broker, fed by ``stepstream
+    demo`` (the same generated corpus, produced from its own process so that the
+    readers' process measures only itself); done when every event is applied."""
+
+    name = "worker (Kafka)"
+
+    def __init__(self, seed: int, runs: int, workdir: Path, env: dict[str, str], broker: str) -> None:
+        from benchmarks.worker_process import Worker
+
+        self.seed, self.runs = seed, runs
+        self.count = len(generate_events(seed, runs=runs, companies=4))
+        self.topic = f"bench-api-{uuid.uuid4().hex[:8]}"
+        self.env = {**env, "STEPSTREAM_BROKER": broker, "STEPSTREAM_TOPIC": self.topic, "STEPSTREAM_PARTITIONS": "4"}
+        self.log = workdir / "producer.log"
+        self.worker = Worker(broker, self.topic, workdir, "api-writer", steps_sink=env["STEPSTREAM_STEPS_SINK"],
+                             partitions=4)  # fmt: skip
+        self.producer: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        self.worker.wait_ready()
+        demo = ["demo", "--runs", str(self.runs), "--companies", "4", "--seed", str(self.seed)]
+        with self.log.open("wb") as log:
+            self.producer = subprocess.Popen(
+                [sys.executable, "-m", "stepstream.cli", *demo], env=self.env, stderr=log
+            )
+
+    def wait(self, timeout: float) -> int:
+        assert self.producer is not None
+        if self.producer.wait(timeout=timeout) != 0:
+            return self.producer.returncode
+        applied = self.worker.wait_events(self.count, timeout)
+        return 0 if applied >= self.count else 1
+
+    def stop(self) -> None:
+        if self.producer is not None and self.producer.poll() is None:
+            self.producer.kill()
+            self.producer.wait()
+        self.worker.stop()
+
+
 def run_load(
     workdir: Path,
     *,
@@ -162,67 +241,55 @@ def run_load(
     write_runs: int = 600,
     max_requests: int = 200_000,
     seed: int = 11,
+    broker: str | None = None,
+    baseline_seconds: float = 0.0,
 ) -> LoadReport:
-    """Seed, start the API and the writer, read concurrently; see the module docstring."""
-    db = workdir / "api-load.db"
-    url = f"sqlite:///{db}"
-    seed_file, write_file = workdir / "seed.jsonl", workdir / "write.jsonl"
+    """Seed, start the API and the writer, read concurrently; see the module docstring.
+    With ``broker`` the writer is ``stepstream worker`` on the real broker, else
+    ``stepstream ingest-file``."""
+    url = f"sqlite:///{workdir / 'api-load.db'}"
+    seed_file = workdir / "seed.jsonl"
     _write_jsonl(seed_file, generate_events(seed, runs=seed_runs, companies=4))
-    written = _write_jsonl(write_file, generate_events(seed + 1, runs=write_runs, companies=4))
     asyncio.run(ingest_file(seed_file, url, url, progress=False))
     tokens = workdir / "tokens.json"
     token, _ = add_token(tokens, COMPANY, ["steps:read", "deep:read"], created="bench")
-    port = _free_port()
     env = {**os.environ, "STEPSTREAM_STEPS_SINK": url, "STEPSTREAM_TOKENS_FILE": str(tokens)}
-    cli = [sys.executable, "-m", "stepstream.cli"]
-    report = LoadReport(readers=readers, seconds=seconds)
-    with (workdir / "api.log").open("wb") as api_log, (workdir / "writer.log").open("wb") as writer_log:
-        _serve_and_read(cli, env, port, api_log, writer_log, token, report, write_file, written, max_requests, seed)
-    return report
-
-
-def _serve_and_read(
-    cli: list[str],
-    env: dict[str, str],
-    port: int,
-    api_log: IO[bytes],
-    writer_log: IO[bytes],
-    token: str,
-    report: LoadReport,
-    write_file: Path,
-    written: int,
-    max_requests: int,
-    seed: int,
-) -> None:
-    """The API process up, the writer process started, the readers run; both stopped after."""
-    api = subprocess.Popen([*cli, "api", "--port", str(port)], env=env, stderr=api_log)
-    writer = None
+    writer: IngestFileWriter | KafkaWorkerWriter
+    if broker:
+        writer = KafkaWorkerWriter(seed + 1, write_runs, workdir, env, broker)
+    else:
+        writer = IngestFileWriter(generate_events(seed + 1, runs=write_runs, companies=4), workdir, env)
+    report = LoadReport(readers=readers, seconds=seconds, writer=writer.name)
+    port = _free_port()
+    with (workdir / "api.log").open("wb") as api_log:
+        api = subprocess.Popen([sys.executable, "-m", "stepstream.cli", "api", "--port", str(port)], env=env,
+                               stderr=api_log)  # fmt: skip
     try:
         base = f"http://127.0.0.1:{port}"
         asyncio.run(_wait_healthy(base, api))
+        if baseline_seconds > 0:
+            report.baseline = LoadReport(readers=readers, seconds=baseline_seconds, writer="none")
+            asyncio.run(_readers(base, token, report.baseline, max_requests, seed))
         writer_started = time.monotonic()
-        writer = subprocess.Popen(
-            [*cli, "ingest-file", str(write_file), "--no-progress"], env=env, stderr=writer_log
-        )
-        finished: list[float] = []
-        waiter = threading.Thread(target=lambda: (writer.wait(), finished.append(time.monotonic())), daemon=True)
+        writer.start()
+        outcome: list[tuple[int, float]] = []
+        waiter = threading.Thread(target=lambda: outcome.append((writer.wait(600), time.monotonic())), daemon=True)
         waiter.start()
         asyncio.run(_readers(base, token, report, max_requests, seed))
-        report.writer_overlap = not finished
+        report.writer_overlap = not outcome
         waiter.join(timeout=600)
-        report.writer_exit = writer.returncode
-        report.writer_seconds = (finished[0] if finished else time.monotonic()) - writer_started
-        report.writer_events = written
+        report.writer_exit, finished = outcome[0] if outcome else (None, time.monotonic())
+        report.writer_seconds = finished - writer_started
+        report.writer_events = writer.count
     finally:
-        if writer is not None and writer.poll() is None:
-            writer.kill()
-            writer.wait()
+        writer.stop()
         api.send_signal(signal.SIGTERM)
         try:
             api.wait(timeout=20)
         except subprocess.TimeoutExpired:
             api.kill()
             api.wait()
+    return report
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -231,11 +298,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--seed-runs", type=int, default=120)
     parser.add_argument("--write-runs", type=int, default=600)
+    parser.add_argument("--broker", help="write with `stepstream worker` on this broker (else ingest-file)")
+    parser.add_argument("--baseline-seconds", type=float, default=5.0, help="readers alone first, for comparison [5]")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="stepstream-bench-api-") as tmp:
         report = run_load(
-            Path(tmp), readers=args.readers, seconds=args.seconds, seed_runs=args.seed_runs, write_runs=args.write_runs
-        )
+            Path(tmp), readers=args.readers, seconds=args.seconds, seed_runs=args.seed_runs,
+            write_runs=args.write_runs, broker=args.broker, baseline_seconds=args.baseline_seconds,
+        )  # fmt: skip
     for line in report.lines():
         print(line, flush=True)
     return 1 if report.errors or report.writer_exit else 0
