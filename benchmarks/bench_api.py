@@ -37,6 +37,7 @@ from pathlib import Path
 import httpx
 import msgspec
 
+from benchmarks.worker_process import cpu_seconds
 from stepstream.api.tokens import add_token
 from stepstream.core.wire import encode_event
 from stepstream.emitter.corpus import generate_events
@@ -60,6 +61,7 @@ class LoadReport:
     writer_exit: int | None = None
     writer_overlap: bool = False  # the writer was still writing when the readers stopped
     baseline: LoadReport | None = None  # the same readers before the writer started
+    api_cpu_seconds: float = 0.0  # CPU time of the API process over this phase
 
     def quantile(self, q: float, route: str | None = None) -> float:
         values = sorted(self.latencies[route] if route else [v for vs in self.latencies.values() for v in vs])
@@ -74,7 +76,8 @@ class LoadReport:
             out += ["-- readers while the writer writes:"]
         out += [
             f"readers {self.readers}, {self.seconds:.1f} s: {self.requests} requests, {self.errors} errors, "
-            f"{self.requests / self.seconds:.0f} req/s",
+            f"{self.requests / self.seconds:.0f} req/s, API process CPU "
+            f"{self.api_cpu_seconds * 1e3 / max(self.requests, 1):.2f} ms per request",
             f"writer {self.writer}: {self.writer_events} events in {self.writer_seconds:.1f} s, exit {self.writer_exit}, "
             f"{'still writing when the readers stopped' if self.writer_overlap else 'finished before the readers stopped'}",
         ]
@@ -269,13 +272,17 @@ def run_load(
         asyncio.run(_wait_healthy(base, api))
         if baseline_seconds > 0:
             report.baseline = LoadReport(readers=readers, seconds=baseline_seconds, writer="none")
+            cpu = cpu_seconds(api.pid)
             asyncio.run(_readers(base, token, report.baseline, max_requests, seed))
+            report.baseline.api_cpu_seconds = cpu_seconds(api.pid) - cpu
         writer_started = time.monotonic()
         writer.start()
         outcome: list[tuple[int, float]] = []
         waiter = threading.Thread(target=lambda: outcome.append((writer.wait(600), time.monotonic())), daemon=True)
         waiter.start()
+        cpu = cpu_seconds(api.pid)
         asyncio.run(_readers(base, token, report, max_requests, seed))
+        report.api_cpu_seconds = cpu_seconds(api.pid) - cpu
         report.writer_overlap = not outcome
         waiter.join(timeout=600)
         report.writer_exit, finished = outcome[0] if outcome else (None, time.monotonic())
