@@ -61,7 +61,8 @@ def _on_http(_: Request[Any, Any, Any], exc: HTTPException) -> Response[bytes]:
         log.error("HTTP error %d", status, exc_info=exc)
         return problem_response(problem(500, "internal error"))
     detail = "method not allowed" if status == 405 else "request refused"
-    return problem_response(problem(status, detail), {k: v for k, v in (exc.headers or {}).items() if k.lower() == "allow"})
+    allow = {k: v for k, v in (exc.headers or {}).items() if k.lower() == "allow"}
+    return problem_response(problem(status, detail), allow)
 
 
 def _on_unavailable(_: Request[Any, Any, Any], exc: SinkUnavailable) -> Response[bytes]:
