@@ -21,7 +21,7 @@ from stepstream.core.records import RunRecord, StepRecord
 from stepstream.metrics import ApiMetrics
 from stepstream.sinks.memory import MemoryDeepStore, MemoryStepStore
 
-PROPS = settings(max_examples=100, deadline=None, print_blob=True, suppress_health_check=[HealthCheck.too_slow])
+PROPS = settings(max_examples=60, deadline=None, print_blob=True, suppress_health_check=[HealthCheck.too_slow])
 COMPANY_CHARS = "abcXYZ019._-"
 RUN_CHARS = "abZ09._:-"
 ESCAPING = " /%?#&+=;@[]\"'<>\\^`{|}~é\u00a0\u2028\U0001f600"

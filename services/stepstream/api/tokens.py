@@ -42,6 +42,7 @@ from typing import Literal
 
 import msgspec
 
+from stepstream.core.wire import CompanyId
 from stepstream.errors import AuthError, ConfigError
 
 __all__ = [
@@ -61,7 +62,7 @@ log = logging.getLogger("stepstream.api.tokens")
 
 Scope = Literal["steps:read", "deep:read", "deep:purge"]
 SCOPES: tuple[str, ...] = ("steps:read", "deep:read", "deep:purge")
-COMPANY_PATTERN = r"^[A-Za-z0-9._-]{1,64}$"
+COMPANY_PATTERN: str = CompanyId.__metadata__[0].pattern  # the wire contract's company id
 _COMPANY = re.compile(COMPANY_PATTERN)
 _TOKEN = re.compile(r"^sst_([0-9a-f]{12})_([A-Za-z0-9_-]{43})$")
 PREFIX = "sst_"
