@@ -218,3 +218,10 @@ async def test_access_log_names_the_token_id_never_the_token(api, caplog):
     assert f"token={token_id}" in lines[0] and "/v1/companies/{company}/runs/{run_id} 200" in lines[0]
     assert "token=-" in lines[1]
     assert not any(token.rsplit("_", 1)[1] in line or tokens.bad in line or RUN in line for line in lines)
+
+
+async def test_no_response_may_be_cached(api):
+    http, tokens, steps, deep = api
+    for path in (f"/v1/companies/{A}/runs/{RUN}/deep", f"/v1/companies/{B}/runs", "/v1/companies/x%2Fy/runs", "/healthz"):
+        response = await http.get(path, headers=bearer(tokens[(A, "all")]))
+        assert response.headers["cache-control"] == "no-store", path

@@ -104,6 +104,7 @@ class ApiApp:
     """The ASGI app: Litestar inside, request metrics and the access log around it.
 
     Labels are route templates; a path that matches no route is ``unmatched``.
+    Every response carries ``Cache-Control: no-store``.
     An encoded slash (``%2F``) in the path is refused as 404 before routing: no
     valid id contains one, and decoding it would route to another handler."""
 
@@ -129,10 +130,13 @@ class ApiApp:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
+                headers = list(message.get("headers", []))
                 if scope.get("method") == "OPTIONS" and scope.get("path_template") in self.allow:
-                    allow = self.allow[scope["path_template"]]
-                    headers = [(k, v) for k, v in message.get("headers", []) if k.lower() != b"allow"]
-                    message = {**message, "headers": [*headers, (b"allow", allow)]}
+                    headers = [(k, v) for k, v in headers if k.lower() != b"allow"]
+                    headers.append((b"allow", self.allow[scope["path_template"]]))
+                # Tenant data (and deep bodies, secrets by design) never sit in a shared cache.
+                headers.append((b"cache-control", b"no-store"))
+                message = {**message, "headers": headers}
             await send(message)
 
         try:
