@@ -26,6 +26,10 @@ def main() -> int:
     print("\n== sinks (SQLite / MongoDB vs bare driver) ==", flush=True)
     quick_sinks = ["--batches", "10", "--rounds", "1", "--mongo-batches", "2"] if args.quick else []
     bench_sinks.main((["--mongo", args.mongo] if args.mongo else []) + quick_sinks)
+    print("\n== API (concurrent readers while a writer ingests into the same SQLite store) ==", flush=True)
+    from benchmarks import bench_api
+
+    bench_api.main((["--broker", args.broker] if args.broker else []) + (["--seconds", "3", "--write-runs", "200"] if args.quick else []))
     if args.broker:
         print("\n== worker (end to end on the real broker: two corpora, three sinks, their ceilings) ==", flush=True)
         bench_worker.main(

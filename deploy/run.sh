@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# `make run`: the local stack on SQLite: a Kafka broker, the worker, and a demo agent.
-# Runs in the foreground; Ctrl-C stops the worker and the broker.
+# `make run`: the local stack on SQLite: a Kafka broker, the worker, the read API and a
+# demo agent; prints a curl line with a fresh API token. Runs in the foreground;
+# Ctrl-C stops the API, the worker and the broker.
 #
-# Environment: KAFKA_PORT (9092), WEB_PORT (6066), DEMO_RUNS (40), RUN_DIR (.run).
+# Environment: KAFKA_PORT (9092), WEB_PORT (6066), API_PORT (8080), DEMO_RUNS (40), RUN_DIR (.run).
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo"
@@ -19,10 +20,18 @@ echo "run: Kafka broker       $broker   (data $run_dir/kafka)"
 export STEPSTREAM_BROKER="$broker"
 export STEPSTREAM_STEPS_SINK="sqlite:///$repo/$db"
 export STEPSTREAM_WEB_PORT="$web_port"
+api_port="${API_PORT:-8080}"
+export STEPSTREAM_TOKENS_FILE="$repo/$run_dir/tokens.json"
 
 worker_pid=""
+api_pid=""
 stop() {
     trap - EXIT INT TERM
+    if [[ -n "$api_pid" ]]; then
+        echo "run: stopping the API"
+        kill "$api_pid" 2>/dev/null || true
+        wait "$api_pid" 2>/dev/null || true
+    fi
     if [[ -n "$worker_pid" ]]; then
         echo "run: stopping the worker"
         kill "$worker_pid" 2>/dev/null || true
@@ -79,7 +88,22 @@ print("run: what landed in SQLite:")
 asyncio.run(main(sys.argv[1], sys.argv[2]))
 PY
 
+.venv/bin/stepstream api --port "$api_port" >"$run_dir/api.log" 2>&1 &
+api_pid=$!
+for _ in $(seq 1 150); do
+    curl -fsS "http://127.0.0.1:$api_port/healthz" >/dev/null 2>&1 && break
+    kill -0 "$api_pid" 2>/dev/null || { echo "run: the API exited; see $run_dir/api.log" >&2; tail -20 "$run_dir/api.log" >&2; exit 1; }
+    sleep 0.2
+done
+echo "run: read API           pid $api_pid, http://127.0.0.1:$api_port (log $run_dir/api.log, tokens $run_dir/tokens.json)"
+company="$("$py" -c 'import sys, msgspec; print(msgspec.json.decode(open(sys.argv[1], "rb").readline())["company_id"])' "$run_dir/demo-events.jsonl")"
+token="$(.venv/bin/stepstream token add --company "$company" --scope steps:read --scope deep:read 2>/dev/null)"
+
 cat <<EOF
+
+Read the runs of company $company through the API (a fresh token, shown once):
+  curl -s -H 'Authorization: Bearer $token' 'http://127.0.0.1:$api_port/v1/companies/$company/runs?limit=5'
+  (one run: .../runs/RUN_ID; its raw bodies: .../runs/RUN_ID/deep; the schema: http://127.0.0.1:$api_port/openapi.json)
 
 Look at the results:
   metrics     curl -s http://127.0.0.1:$web_port/metrics | grep ^stepstream_
@@ -87,7 +111,7 @@ Look at the results:
   the rows    sqlite database $db (steps, deep companions, runs)
   more runs   .venv/bin/stepstream demo --broker $broker --runs 100
   offline     .venv/bin/stepstream ingest-file $run_dir/demo-events.jsonl --steps-sink sqlite:///$run_dir/offline.db
-The read API and the .sftrace export are later issues; 'make run' will start the API once it exists.
-Ctrl-C stops the worker and the broker.
+  tokens      .venv/bin/stepstream token list   (STEPSTREAM_TOKENS_FILE=$STEPSTREAM_TOKENS_FILE)
+Ctrl-C stops the API, the worker and the broker.
 EOF
 wait "$worker_pid"

@@ -64,14 +64,65 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rejects", type=Path, help="where rejected lines go [EVENTS.rejects.jsonl]")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.add_argument("--max-event-bytes", type=int, help="larger lines are rejected as oversize [1048576]")
+    _api_commands(sub)
     return parser
+
+
+def _api_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """``api`` and ``token add|list|revoke`` (CONTRACT.md section 4, docs/api.md)."""
+    tokens_help = "tokens file [STEPSTREAM_TOKENS_FILE, stepstream-tokens.json]"
+    p = sub.add_parser("api", help="serve the read API (HTTP)")
+    _sinks(p)
+    p.add_argument("--host", dest="api_host", help="bind address [STEPSTREAM_API_HOST, 127.0.0.1]")
+    p.add_argument("--port", dest="api_port", type=int, help="port [STEPSTREAM_API_PORT, 8080]")
+    p.add_argument("--tokens-file", help=tokens_help)
+    p.add_argument("--log-level", help="debug, info (one access line per request), warning, error [warning]")
+
+    p = sub.add_parser("token", help="manage API tokens (add prints the new token on stdout, once)")
+    tokens = p.add_subparsers(dest="token_command", required=True, metavar="ACTION")
+    add = tokens.add_parser("add", help="create a token; prints only the token")
+    add.add_argument("--company", required=True, help="the one company the token reads")
+    add.add_argument(
+        "--scope", action="append", required=True, choices=["steps:read", "deep:read", "deep:purge"],
+        help="a scope; repeat for several",
+    )
+    add.add_argument("--tokens-file", help=tokens_help)
+    listing = tokens.add_parser("list", help="ids, companies, scopes, created and revoked times (never a token)")
+    listing.add_argument("--tokens-file", help=tokens_help)
+    revoke = tokens.add_parser("revoke", help="revoke a token by id (the API refuses it on its next request)")
+    revoke.add_argument("id", help="token id, as `token list` shows it")
+    revoke.add_argument("--tokens-file", help=tokens_help)
+
+
+def _run_token(settings: Settings, args: argparse.Namespace) -> int:
+    from datetime import UTC, datetime
+
+    from stepstream.api.tokens import add_token, list_tokens, revoke_token
+
+    path = Path(settings.tokens_file)
+    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    if args.token_command == "add":
+        token, entry = add_token(path, args.company, args.scope, created=now)
+        print(f"token {entry.id} added for company {entry.company} ({' '.join(entry.scopes)}) to {path}", file=sys.stderr)
+        print(token)
+        return 0
+    if args.token_command == "list":
+        print(f"{'ID':12}  {'COMPANY':20}  {'SCOPES':32}  {'CREATED':20}  REVOKED")
+        for e in list_tokens(path):
+            print(f"{e.id:12}  {e.company:20}  {','.join(e.scopes):32}  {e.created:20}  {e.revoked or '-'}")
+        return 0
+    if revoke_token(path, args.id, revoked=now):
+        print(f"token {args.id} revoked", file=sys.stderr)
+        return 0
+    print(f"stepstream: no active token {args.id} in {path}", file=sys.stderr)
+    return 1
 
 
 def _settings(args: argparse.Namespace) -> Settings:
     keys = (
         "broker", "topic", "partitions", "log_level", "steps_sink", "deep_sink", "app_id",
         "web_port", "web_host", "max_event_bytes", "idle_flush_seconds", "max_hold_seconds", "max_open_runs",
-        "store_retry_seconds", "replication_factor",
+        "store_retry_seconds", "replication_factor", "tokens_file", "api_host", "api_port",
     )
     return load_settings({k: getattr(args, k, None) for k in keys})
 
@@ -114,6 +165,12 @@ def main(argv: list[str] | None = None) -> int:
                 file=sys.stderr,
             )
             return 1 if report.rejected else 0
+        if args.command == "api":
+            from stepstream.api.server import run_api
+
+            return run_api(settings)
+        if args.command == "token":
+            return _run_token(settings, args)
     except StepstreamError as exc:
         print(f"stepstream: {exc}", file=sys.stderr)
         return 2

@@ -54,6 +54,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     max_event_bytes: int = 1_048_576
     lag_poll_seconds: float = 2.0
     log_level: str = "warning"
+    # The read API (``stepstream api``); tokens live in ``tokens_file``.
+    api_host: str = "127.0.0.1"
+    api_port: int = 8080
 
     @property
     def dlq(self) -> str:

@@ -100,3 +100,28 @@ class CompactorMetrics:
             "Unix time of the end of the last successful pass (0 before the first).",
             registry=r,
         )
+
+
+_API_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+
+
+class ApiMetrics:
+    """The read API's metrics (``stepstream api``). Labels are the route template
+    (``/v1/companies/{company}/runs/{run_id}``), never a company, run or token id."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "stepstream_api_requests",
+            "API requests answered, by method, route template and status code.",
+            ["method", "route", "status"],
+            registry=r,
+        )
+        self.latency = Histogram(
+            "stepstream_api_request_duration_seconds",
+            "API request latency (first byte in to last byte out), by method and route template.",
+            ["method", "route"],
+            buckets=_API_BUCKETS,
+            registry=r,
+        )

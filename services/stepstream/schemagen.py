@@ -1,4 +1,5 @@
-"""Generate ``schemas/*.schema.json`` from the msgspec Structs (the one schema source).
+"""Generate ``schemas/*.schema.json`` from the msgspec Structs (the one schema source),
+and ``schemas/openapi.json``, the read API's document derived from the same Structs.
 
 ``python -m stepstream.schemagen [DIR]`` rewrites the files; a test fails when the
 committed files and the Structs drift apart.
@@ -38,10 +39,21 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     target = Path(args[0]) if args else Path("schemas")
     target.mkdir(parents=True, exist_ok=True)
-    for name, text in render().items():
+    for name, text in (render() | {"openapi.json": render_openapi()}).items():
         (target / name).write_text(text, encoding="utf-8")
         print(f"wrote {target / name}", file=sys.stderr)
     return 0
+
+
+def render_openapi() -> str:
+    """The read API's OpenAPI document, as ``stepstream api`` serves it at ``/openapi.json``."""
+    from stepstream.api.app import create_app
+    from stepstream.api.tokens import TokenRegistry
+    from stepstream.metrics import ApiMetrics
+    from stepstream.sinks.memory import MemoryDeepStore, MemoryStepStore
+
+    app = create_app(MemoryStepStore(), MemoryDeepStore(), TokenRegistry(Path("/nonexistent")), ApiMetrics())
+    return json.dumps(app.litestar.openapi_schema.to_schema(), indent=2, sort_keys=True, ensure_ascii=False) + "\n"
 
 
 if __name__ == "__main__":

@@ -1,0 +1,198 @@
+"""The read API's composition: routes, problem handling, metrics, access log.
+
+:func:`create_app` takes open stores, a :class:`TokenRegistry` and an
+:class:`~stepstream.metrics.ApiMetrics` and returns an ASGI app (served by
+uvicorn in ``stepstream api``, called in process by the tests). The operator
+routes get the step store only (:mod:`stepstream.api.steps`); the deep routes
+get the deep store (:mod:`stepstream.api.deep`).
+
+Error policy, by class: :class:`ProblemError` is answered as it says; Litestar's
+own client errors (no route, wrong method, invalid parameter) become the problem
+of their status, an invalid parameter naming the parameter but never its value;
+:class:`SinkUnavailable` is 503 with ``Retry-After``; any other exception is 500,
+logged with its traceback, and its text never reaches the client.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from litestar import Litestar, Request, Response, get
+from litestar.exceptions import HTTPException, ValidationException
+from litestar.openapi import OpenAPIConfig
+from litestar.openapi.plugins import JsonRenderPlugin
+from litestar.openapi.spec import Components, SecurityScheme
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from stepstream.api.auth import make_guard
+from stepstream.api.deep import deep_router
+from stepstream.api.problems import NOT_FOUND, PROBLEM_MEDIA_TYPE, Problem, ProblemError, encode, problem
+from stepstream.api.steps import steps_router
+from stepstream.api.tokens import TokenRegistry
+from stepstream.api.views import Health
+from stepstream.errors import SinkUnavailable
+from stepstream.metrics import ApiMetrics
+from stepstream.sinks.ports import DeepStore, StepStore
+
+log = logging.getLogger("stepstream.api")
+access_log = logging.getLogger("stepstream.api.access")
+
+API_VERSION = "1"
+
+
+def problem_response(body: Problem, headers: dict[str, str] | None = None) -> Response[bytes]:
+    return Response(content=encode(body), status_code=body.status, media_type=PROBLEM_MEDIA_TYPE, headers=headers)
+
+
+def _on_problem(_: Request[Any, Any, Any], exc: ProblemError) -> Response[bytes]:
+    return problem_response(exc.body, exc.headers)
+
+
+def _on_http(_: Request[Any, Any, Any], exc: HTTPException) -> Response[bytes]:
+    if exc.status_code == 404:
+        return problem_response(NOT_FOUND)
+    if isinstance(exc, ValidationException):
+        names = sorted({str(e.get("key")) for e in (exc.extra or []) if isinstance(e, dict) and e.get("key")})
+        return problem_response(problem(400, f"invalid parameter: {', '.join(names) or 'request'}"))
+    status = exc.status_code if 400 <= exc.status_code < 600 else 500
+    if status >= 500:
+        log.error("HTTP error %d", status, exc_info=exc)
+        return problem_response(problem(500, "internal error"))
+    detail = "method not allowed" if status == 405 else "request refused"
+    allow = {k: v for k, v in (exc.headers or {}).items() if k.lower() == "allow"}
+    return problem_response(problem(status, detail), allow)
+
+
+def _on_unavailable(_: Request[Any, Any, Any], exc: SinkUnavailable) -> Response[bytes]:
+    log.warning("store unavailable: %s", exc)
+    return problem_response(problem(503, "a store is unavailable"), {"Retry-After": "1"})
+
+
+def _on_error(request: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
+    log.error("unhandled error on %s %s", request.method, request.scope.get("path_template", "?"), exc_info=exc)
+    return problem_response(problem(500, "internal error"))
+
+
+async def _send_not_found(send: Any) -> None:
+    """The 404 problem, sent before Litestar sees the request (same bytes as its own)."""
+    body = encode(NOT_FOUND)
+    headers = [(b"content-type", PROBLEM_MEDIA_TYPE.encode()), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": 404, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def reject_unknown_query(request: Request[Any, Any, Any]) -> None:
+    """A query parameter the route does not declare (its ``opt["query"]``) is a 400,
+    so that a typo (``?limt=5``) is an error, not a silently ignored wish."""
+    unknown = set(request.query_params) - set(request.route_handler.opt.get("query", ()))
+    if unknown:
+        raise ProblemError(problem(400, "unknown query parameter"))
+
+
+class RequestInfo:
+    """Filled while a request is served, read by the access log."""
+
+    __slots__ = ("token_id",)
+
+    def __init__(self) -> None:
+        self.token_id: str | None = None
+
+
+class ApiApp:
+    """The ASGI app: Litestar inside, request metrics and the access log around it.
+
+    Labels are route templates; a path that matches no route is ``unmatched``.
+    Every response carries ``Cache-Control: no-store``.
+    An encoded slash (``%2F``) in the path is refused as 404 before routing: no
+    valid id contains one, and decoding it would route to another handler."""
+
+    def __init__(self, litestar: Litestar, metrics: ApiMetrics) -> None:
+        self.litestar = litestar
+        self.metrics = metrics
+        # Litestar's automatic OPTIONS answer lists the methods its route held when
+        # the first handler of a path was added; the route's final set is this.
+        self.allow: dict[str, bytes] = {
+            route.path_format: ", ".join(sorted(route.methods)).encode() for route in litestar.routes
+        }
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.litestar(scope, receive, send)
+            return
+        started = time.perf_counter()
+        info = RequestInfo()
+        scope["stepstream"] = info
+        status = 500
+
+        async def send_and_watch(message: Any) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                headers = list(message.get("headers", []))
+                if scope.get("method") == "OPTIONS" and scope.get("path_template") in self.allow:
+                    headers = [(k, v) for k, v in headers if k.lower() != b"allow"]
+                    headers.append((b"allow", self.allow[scope["path_template"]]))
+                # Tenant data (and deep bodies, secrets by design) never sit in a shared cache.
+                headers.append((b"cache-control", b"no-store"))
+                message = {**message, "headers": headers}
+            await send(message)
+
+        try:
+            if b"%2f" in (scope.get("raw_path") or b"").lower():
+                await _send_not_found(send_and_watch)
+            else:
+                await self.litestar(scope, receive, send_and_watch)
+        finally:
+            elapsed = time.perf_counter() - started
+            route = scope.get("path_template") or "unmatched"
+            method = scope.get("method", "?")
+            self.metrics.requests.labels(method, route, str(status)).inc()
+            self.metrics.latency.labels(method, route).observe(elapsed)
+            access_log.info(
+                "%s %s %d %.1fms token=%s", method, route, status, elapsed * 1000, info.token_id or "-"
+            )
+
+
+def create_app(steps: StepStore, deep: DeepStore, tokens: TokenRegistry, metrics: ApiMetrics) -> ApiApp:
+    """The API over open stores. The stores stay the caller's to close."""
+    guards = [make_guard(tokens)]
+
+    @get("/healthz", summary="Liveness", operation_id="healthz", tags=["ops"])
+    async def healthz() -> Health:
+        """200 while the process serves requests."""
+        return Health()
+
+    @get("/metrics", summary="Prometheus metrics", operation_id="metrics", media_type=CONTENT_TYPE_LATEST, tags=["ops"])
+    async def metrics_text() -> str:
+        """Request counts by route template and status, latency histogram."""
+        return generate_latest(metrics.registry).decode("utf-8")
+
+    litestar = Litestar(
+        route_handlers=[healthz, metrics_text, steps_router(steps, guards), deep_router(deep, deep, steps, guards)],
+        exception_handlers={
+            ProblemError: _on_problem,
+            HTTPException: _on_http,
+            SinkUnavailable: _on_unavailable,
+            Exception: _on_error,
+        },
+        openapi_config=OpenAPIConfig(
+            title="stepstream read API",
+            version=API_VERSION,
+            path="/openapi.json",
+            render_plugins=[JsonRenderPlugin(path="/")],
+            components=Components(
+                security_schemes={
+                    "bearer": SecurityScheme(type="http", scheme="bearer", description="stepstream API token (sst_...)")
+                }
+            ),
+            use_handler_docstrings=True,
+        ),
+        logging_config=None,
+        before_request=reject_unknown_query,
+        debug=False,
+    )
+    return ApiApp(litestar, metrics)
+
+

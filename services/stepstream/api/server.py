@@ -1,0 +1,48 @@
+"""``stepstream api``: open the stores, build the app, serve it with uvicorn."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+
+import uvicorn
+
+from stepstream.api.app import create_app
+from stepstream.api.tokens import TokenRegistry
+from stepstream.config import Settings
+from stepstream.metrics import ApiMetrics
+from stepstream.sinks import open_deep_store, open_step_store
+
+log = logging.getLogger("stepstream.api")
+
+
+async def serve(settings: Settings) -> None:
+    """Serve until SIGINT/SIGTERM (uvicorn's handlers), then close the stores."""
+    steps = await open_step_store(settings.steps_sink)
+    try:
+        deep = await open_deep_store(settings.deep)
+        try:
+            app = create_app(steps, deep, TokenRegistry(Path(settings.tokens_file)), ApiMetrics())
+            config = uvicorn.Config(
+                app,
+                host=settings.api_host,
+                port=settings.api_port,
+                log_config=None,
+                access_log=False,
+                lifespan="on",
+                server_header=False,
+            )
+            log.warning(
+                "stepstream api on http://%s:%d (tokens %s)", settings.api_host, settings.api_port, settings.tokens_file
+            )
+            await uvicorn.Server(config).serve()
+        finally:
+            await deep.close()
+    finally:
+        await steps.close()
+
+
+def run_api(settings: Settings) -> int:
+    asyncio.run(serve(settings))
+    return 0
