@@ -215,8 +215,8 @@ async def test_access_log_names_the_token_id_never_the_token(api, caplog):
         assert (await http.get(f"/v1/companies/{A}/runs/{RUN}", headers=bearer(tokens.bad))).status_code == 401
     lines = [r.getMessage() for r in caplog.records if r.name == "stepstream.api.access"]
     assert len(lines) == 2
-    assert f"token={token_id}" in lines[0] and "/v1/companies/{company}/runs/{run_id} 200" in lines[0]
-    assert "token=-" in lines[1]
+    assert f"caller={token_id}" in lines[0] and "/v1/companies/{company}/runs/{run_id} 200" in lines[0]
+    assert "caller=-" in lines[1]
     assert not any(token.rsplit("_", 1)[1] in line or tokens.bad in line or RUN in line for line in lines)
 
 

@@ -151,7 +151,7 @@ class ApiApp:
             self.metrics.requests.labels(method, route, str(status)).inc()
             self.metrics.latency.labels(method, route).observe(elapsed)
             access_log.info(
-                "%s %s %d %.1fms token=%s", method, route, status, elapsed * 1000, info.token_id or "-"
+                "%s %s %d %.1fms caller=%s", method, route, status, elapsed * 1000, info.token_id or "-"
             )
 
 

@@ -8,7 +8,7 @@ steps and run records stay.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
 from litestar import Router, delete, get
@@ -21,15 +21,16 @@ from stepstream.sinks.ports import DeepStore, RetentionStore, StepStore
 
 class DeepBody(msgspec.Struct, kw_only=True):
     """The unredacted companion of one step. ``arguments`` and ``output`` are the
-    raw values as JSON text (parse them unless ``clipped``); ``reasoning`` is the
-    whole thinking text. A clipped body ends with a visible clip marker."""
+    raw JSON values as the agent sent them; a clipped one (``clipped``) is instead a
+    string, the head of its text ending with a visible clip marker. ``reasoning`` is
+    the whole thinking text."""
 
     step_seq: int
     kind: Literal["thinking", "tool", "llm", "state", "error"]
     ts: str
     reasoning: str | None
-    arguments: str | None
-    output: str | None
+    arguments: Any
+    output: Any
     clipped: bool
 
 
