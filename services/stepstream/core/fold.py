@@ -61,6 +61,17 @@ Contracts:
   changed since it was last emitted. A fold restored from any such snapshot and
   fed the later events (earlier ones are skipped) makes exactly the records an
   uninterrupted fold makes.
+* **Abandoned runs** (``run_close``, published by the compactor). A close takes
+  no agent ``seq``: its ``seq`` names the last agent ``seq`` the compactor saw,
+  and it applies only if that is still the fold's last applied agent ``seq`` and
+  the run is ``running``; otherwise it returns ``None`` (a replayed close, or one
+  that lost the race to a resumed agent or to ``run_end``). Applying it flushes
+  and closes an open thinking run, marks every open tool/LLM step ``abandoned``
+  (the calls stay open, so a late result still completes its own ordinal) and the
+  run ``abandoned`` (``ended_at`` the close's ``ts``), and counts it in
+  ``RunState.closes`` so the stored ``last_seq`` (agent seq plus closes) moves
+  forward. The next agent event of an abandoned run sets it ``running`` again
+  (``ended_at`` cleared) and is applied as usual: no event and no ordinal is lost.
 * **State fields** (``core.records.RunState``): ``thinking_chars`` counts every
   durable character of the open thinking run, also those past the cap (the deep
   text then stops at the cap); ``thinking_ordinal >= max_steps`` marks an open
@@ -119,6 +130,7 @@ class Output(msgspec.Struct):
 
 _Handler = Callable[["RunFold", Any, str, Output], None]
 _ThinkingDelta = wire.ThinkingDelta
+_RunClose = wire.RunClose
 
 
 def _utf8_len(text: str) -> int:
@@ -135,7 +147,7 @@ class RunFold:
         "company_id", "run_id", "limits", "stale", "_last_seq", "_next", "_open", "_run",
         "_dirty", "_max_ts", "_max_ts_str", "_th_ord", "_th_chars", "_th_clipped",
         "_th_started", "_pending", "_tail", "_tail_chars", "_tail_bytes", "_tail_deltas", "_delta_now",
-        "_max_steps", "_flush_bytes", "_flush_deltas", "_max_seq_jump",
+        "_max_steps", "_flush_bytes", "_flush_deltas", "_max_seq_jump", "_closes",
     )  # fmt: skip
 
     def __init__(self, company_id: str, run_id: str, state: RunState | None = None, limits: Limits = Limits()):
@@ -158,7 +170,8 @@ class RunFold:
             state = RunState(company_id=company_id, run_id=run_id)
         elif (state.company_id, state.run_id) != (company_id, run_id):
             raise ValueError(f"state of {state.company_id}/{state.run_id} given to {company_id}/{run_id}")
-        self._last_seq = state.last_seq
+        self._closes = state.closes
+        self._last_seq = state.last_seq - state.closes  # the last agent seq applied
         self._next = state.next_ordinal
         self._open: dict[str, int] | None = dict(state.open_calls) if state.open_calls else None
         self._th_ord = state.thinking_ordinal
@@ -196,6 +209,8 @@ class RunFold:
         apply, leaving the fold unchanged, and ``ValueError`` for an event of another run."""
         if event.run_id != self.run_id or event.company_id != self.company_id:
             raise ValueError(f"event of {event.company_id}/{event.run_id} pushed to {self.company_id}/{self.run_id}")
+        if type(event) is _RunClose:
+            return self._close(event)
         seq = event.seq
         last = self._last_seq
         if seq <= last:
@@ -214,6 +229,9 @@ class RunFold:
             raise WireError("out_of_range", f"Expected a time {WINDOW} (in UTC) - at `$.ts`")
         # Nothing below raises: every time it formats is in the window, and its sums saturate.
         self._last_seq = seq
+        if self._run.status == "abandoned":  # the agent came back after a run_close
+            self._run.status, self._run.ended_at = "running", None
+            self._dirty = True
         if seq != last + 1:
             self._run.seq_gaps += 1
             self._dirty = True
@@ -283,7 +301,7 @@ class RunFold:
         return RunState(
             company_id=self.company_id,
             run_id=self.run_id,
-            last_seq=self._last_seq,
+            last_seq=self._last_seq + self._closes,
             next_ordinal=self._next,
             thinking_ordinal=self._th_ord,
             thinking_chars=self._th_chars,
@@ -291,6 +309,7 @@ class RunFold:
             thinking_started_at=self._started_text(),
             open_calls={} if self._open is None else dict(self._open),
             run=run,
+            closes=self._closes,
         )
 
     def _finish(self, out: Output) -> Output:
@@ -385,6 +404,28 @@ class RunFold:
             self._th_chars = 0
             self._th_clipped = False
             self._th_started = None
+
+    # -- abandoned runs -------------------------------------------------------------
+
+    def _close(self, event: wire.RunClose) -> Output | None:
+        """A compactor's ``run_close`` (module docstring): no seq of its own."""
+        run = self._run
+        if run.status != "running" or event.seq != self._last_seq or not in_window(event.ts):
+            self.stale += 1
+            return None
+        at = format_ts(event.ts)
+        out = Output([], [], None, None, [], [])
+        if self._th_ord is not None:
+            self._flush_thinking(out, "close", close=True)
+        for key, ordinal in (self._open or {}).items():
+            kind = "tool" if key.startswith("tool:") else "llm"
+            out.steps.append(StepRecord(company_id=self.company_id, run_id=self.run_id, step_seq=ordinal,
+                                        kind=kind, status="abandoned", ended_at=at))  # fmt: skip
+        run.status = "abandoned"
+        run.ended_at = at
+        self._closes += 1
+        self._dirty = True
+        return self._finish(out)
 
     # -- other events -------------------------------------------------------------
 

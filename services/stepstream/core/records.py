@@ -36,8 +36,9 @@ from typing import Any, Literal
 import msgspec
 
 StepKind = Literal["thinking", "tool", "llm", "state", "error"]
-StepStatus = Literal["running", "ok", "error"]
-RunStatus = Literal["running", "completed", "failed"]
+# "abandoned": a step or run the compactor closed after the run went silent (``run_close``).
+StepStatus = Literal["running", "ok", "error", "abandoned"]
+RunStatus = Literal["running", "completed", "failed", "abandoned"]
 
 
 class StepRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -96,12 +97,18 @@ class RunRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
     truncated: bool = False
     dropped_steps: int = 0
     seq_gaps: int = 0
+    # When retention dropped this run's deep bodies (set by the compactor through
+    # ``StepStore.mark_deep_pruned``; a run record written as ``None`` keeps it).
+    deep_pruned_at: str | None = None
 
 
 class RunState(msgspec.Struct, kw_only=True):
     """Durable fold state of one run: small (no text), written with the rows it
     describes. ``last_seq`` means every event of this run up to it is fully
-    reflected in the sinks and nothing beyond it is."""
+    reflected in the sinks and nothing beyond it is; after ``closes`` compactor
+    closes (``run_close``) it counts them too: the last agent ``seq`` applied is
+    ``last_seq - closes``. Stores compare ``last_seq`` only, and it still grows
+    with every applied event, closes included."""
 
     company_id: str
     run_id: str
@@ -115,3 +122,6 @@ class RunState(msgspec.Struct, kw_only=True):
     # Open tool and LLM calls: "tool:<call_id>" or "llm:<call_id>" -> ordinal.
     open_calls: dict[str, int] = {}
     run: RunRecord | None = None
+    # ``run_close`` events applied. Each takes no agent seq but must move the stored
+    # state forward, so ``last_seq`` is the last agent seq applied plus ``closes``.
+    closes: int = 0

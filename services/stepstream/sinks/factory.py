@@ -20,6 +20,7 @@ option value that cannot work is a :class:`ConfigError`.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 from urllib.parse import parse_qsl, unquote
@@ -117,23 +118,27 @@ async def open_step_store(url: str) -> StepStore:
     return await MongoStepStore(url).open()
 
 
-async def open_deep_store(url: str, *, limits: Limits | None = None) -> DeepStore:
+async def open_deep_store(
+    url: str, *, limits: Limits | None = None, clock: Callable[[], float] = time.time
+) -> DeepStore:
     """The deep store at ``url``, opened and ready. ``limits`` (a ``core.fold.Limits``)
-    sets the caps the port clips to; ``None`` means the contract's defaults."""
+    sets the caps the port clips to; ``None`` means the contract's defaults. ``clock``
+    (seconds since the epoch) stamps when bodies are received: retention ranks a run
+    by its event times capped at that (``sinks.retention``); tests inject it."""
     scheme = _scheme(url)
     if scheme == "memory":
         from stepstream.sinks.memory import MemoryDeepStore
 
-        return MemoryDeepStore(limits)
+        return MemoryDeepStore(limits, clock)
     if scheme == "file":
         from stepstream.sinks.files import FileDeepStore, open_directory
 
         options = url_options(url, FILE_OPTIONS)
-        return FileDeepStore(open_directory(_file_path(url), **options), limits, **options)
+        return FileDeepStore(open_directory(_file_path(url), **options), limits, clock=clock, **options)
     if scheme == "sqlite":
         from stepstream.sinks.sqlite import SqliteDeepStore, sqlite_path
 
-        return await SqliteDeepStore(sqlite_path(url), limits, **url_options(url, SQLITE_OPTIONS)).open()
+        return await SqliteDeepStore(sqlite_path(url), limits, clock=clock, **url_options(url, SQLITE_OPTIONS)).open()
     from stepstream.sinks.mongodb import MongoDeepStore
 
-    return await MongoDeepStore(url, limits).open()
+    return await MongoDeepStore(url, limits, clock=clock).open()
