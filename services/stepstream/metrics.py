@@ -75,3 +75,28 @@ class Metrics:
         self.pending_events = Gauge(
             "stepstream_pending_events", "Consumed events not yet durable (offsets held back).", registry=r
         )
+        # The compactor (issue 11). runs_pruned above counts runs whose bodies it dropped.
+        self.bodies_purged = Counter(
+            "stepstream_deep_bodies_purged",
+            "Deep bodies (rows) destroyed, by cause (retention, step_ttl, purge).",
+            ["cause"],
+            registry=r,
+        )
+        self.runs_abandoned = Counter(
+            "stepstream_runs_abandoned", "run_close events the compactor published for idle running runs.", registry=r
+        )
+        self.runs_expired = Counter(
+            "stepstream_runs_expired", "Runs deleted whole (steps included) by the step TTL.", registry=r
+        )
+        self.compactor_pass = Histogram(
+            "stepstream_compactor_pass_seconds", "Duration of one compactor pass.", buckets=_LATENCY_BUCKETS, registry=r
+        )
+        self.compactor_last_success = Gauge(
+            "stepstream_compactor_last_success_timestamp_seconds",
+            "Unix time when the last compactor pass without an error ended.",
+            registry=r,
+        )
+        self.compactor_errors = Counter(
+            "stepstream_compactor_errors", "Compactor stages that failed, by stage (retried next pass).", ["stage"],
+            registry=r,
+        )
