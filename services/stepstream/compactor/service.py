@@ -92,6 +92,10 @@ async def run_compactor(settings: Settings, *, once: bool = False, metrics: Metr
     except BaseException:
         await steps.close()
         raise
+    if settings.fault_plan:  # chaos tests only (sinks/faults.py)
+        from stepstream.sinks.faults import wrap_stores
+
+        steps, deep = wrap_stores(steps, deep, settings.fault_plan)
     publisher = KafkaPublisher(settings.broker, settings.topic)
     compactor = Compactor(steps, deep, policy, metrics=metrics, publisher=publisher)
     runner = None
