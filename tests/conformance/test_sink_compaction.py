@@ -191,3 +191,25 @@ async def test_delete_runs_removes_whole_runs_of_one_company(step_store: StepSto
     # A run deleted whole starts over if it is written again.
     await step_store.write([step(0, "a")], [run("a")], [state("a", last_seq=0)])
     assert (await step_store.load_states(COMPANY, ["a"]))["a"].last_seq == 0
+
+
+async def test_a_sqlite_file_from_before_the_mark_gets_its_column(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A runs table made before ``deep_pruned_at`` existed is migrated at open."""
+    import sqlite3
+
+    from stepstream.sinks import open_step_store
+
+    path = tmp_path / "old.db"
+    with sqlite3.connect(path) as conn:
+        conn.execute(
+            "CREATE TABLE runs (company_id TEXT NOT NULL, run_id TEXT NOT NULL, status TEXT NOT NULL, "
+            "recency TEXT NOT NULL, PRIMARY KEY (company_id, run_id)) WITHOUT ROWID"
+        )
+    store = await open_step_store(f"sqlite:///{path}")
+    try:
+        await store.write([], [run(status="completed")], [state(last_seq=0)])
+        assert await store.mark_deep_pruned(COMPANY, ["r1"], at("2026-06-01T00:00:00")) == 1
+        got = await store.get_run(COMPANY, "r1")
+        assert got is not None and got.deep_pruned_at == at("2026-06-01T00:00:00")
+    finally:
+        await store.close()

@@ -454,7 +454,8 @@ class SqliteStepStore:
         have = {row[1] for row in await self._db.fetch("PRAGMA table_info(runs)", ())}
         missing = [c for c in _RUN_COLS if c not in have]
         if missing:
-            statements = "".join(f"ALTER TABLE runs ADD COLUMN {c} TEXT;\n" for c in missing)
+            types = {f.name: _SQL_TYPES.get(f.type, "TEXT") for f in msgspec.structs.fields(RunRecord)}
+            statements = "".join(f"ALTER TABLE runs ADD COLUMN {c} {types[c]};\n" for c in missing)
             conn = self._db.writer
             assert conn is not None
             try:
