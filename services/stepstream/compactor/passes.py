@@ -30,9 +30,9 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from datetime import datetime, timezone
-from typing import Protocol
+from typing import Any, Protocol, TypeVar
 
 import msgspec
 
@@ -49,6 +49,7 @@ log = logging.getLogger(__name__)
 __all__ = ["Compactor", "PassReport", "Publisher", "close_event"]
 
 PAGE = 500
+T = TypeVar("T")
 
 
 class Publisher(Protocol):
@@ -142,7 +143,7 @@ class Compactor:
             m.compactor_last_success.set(self.last_success)
         return report
 
-    async def _stage(self, report: PassReport, stage: str, company: str, work):  # type: ignore[no-untyped-def]
+    async def _stage(self, report: PassReport, stage: str, company: str, work: Coroutine[Any, Any, T]) -> T | None:
         if self.stopping:
             work.close()
             report.stopped = True

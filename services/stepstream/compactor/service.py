@@ -20,7 +20,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from stepstream.compactor.passes import Compactor
-from stepstream.compactor.policy import CompanyPolicy, load_policy
+from stepstream.compactor.policy import CompanyPolicy, RetentionPolicy, load_policy
 from stepstream.config import Settings
 from stepstream.core import wire
 from stepstream.metrics import Metrics
@@ -53,7 +53,8 @@ class KafkaPublisher:
             await emitter.__aexit__(None, None, None)
 
 
-def policy_from(settings: Settings):  # type: ignore[no-untyped-def]
+def policy_from(settings: Settings) -> RetentionPolicy:
+    """The policy from settings (flags, ``STEPSTREAM_*``) and the overrides file."""
     base = CompanyPolicy(
         deep_runs=settings.deep_runs_per_company,
         deep_ttl_seconds=settings.deep_ttl_seconds,
