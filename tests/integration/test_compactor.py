@@ -217,7 +217,7 @@ async def test_an_abandoned_run_resumes_and_the_topic_replays_to_the_same_rows(
     worker = scenario.start_worker()
     args = ("--interval", "0.3", "--deep-runs", "1000", "--abandon-after-seconds", "2")
     compactor = CompactorProcess(scenario, *args)
-    head = run_events("acme", "shared", T0, end=False)[:7]  # start, thinking, a tool call left open
+    head = run_events("acme", "shared", T0, end=False)[:6]  # start, thinking, a tool call (seq 5) left open
     other = run_events("globex", "shared", T0, end=True)
     try:
         worker.wait_web()
@@ -232,8 +232,16 @@ async def test_an_abandoned_run_resumes_and_the_topic_replays_to_the_same_rows(
                 await steps.close()
 
         await wait_for(lambda: _is(status, "abandoned"), 30, "the compactor's close to be folded")
+        steps = await open_step_store(scenario.steps_url)
+        try:
+            closed = await steps.get_steps("acme", "shared")
+        finally:
+            await steps.close()
+        assert [(s.kind, s.status) for s in closed] == [("thinking", "ok"), ("tool", "abandoned")]
         # The agent comes back: its next seq is the one after its last, as if nothing happened.
-        tail = run_events("acme", "shared", T0 + timedelta(hours=2), first_seq=7)
+        late = wire.ToolResult(v=1, event_id="acme-shared-6", company_id="acme", run_id="shared", seq=6,
+                               ts=T0 + timedelta(hours=2), payload=wire.ToolResultPayload(call_id="t5", output="late"))
+        tail = [late, *run_events("acme", "shared", T0 + timedelta(hours=2), first_seq=7)]  # fmt: skip
         await scenario.produce(tail)
         await wait_for(lambda: _is(status, "completed"), 30, "the resumed run to complete")
         await wait_caught_up(scenario.broker, scenario.group, scenario.topic, [worker], timeout=60)
@@ -244,7 +252,7 @@ async def test_an_abandoned_run_resumes_and_the_topic_replays_to_the_same_rows(
     records = await read_topic(scenario.broker, scenario.topic)
     events = [decode_event(r.value) for r in records]
     closes = [e for e in events if isinstance(e, wire.RunClose)]
-    assert closes and all((e.company_id, e.run_id, e.seq) == ("acme", "shared", 6) for e in closes)
+    assert closes and all((e.company_id, e.run_id, e.seq) == ("acme", "shared", 5) for e in closes)
     got = await dump(scenario.steps_url, scenario.deep_url, ["acme", "globex"])
     run = got["acme/shared"]
     steps = await open_step_store(scenario.steps_url)
@@ -254,7 +262,9 @@ async def test_an_abandoned_run_resumes_and_the_topic_replays_to_the_same_rows(
         await steps.close()
     assert state.last_seq - state.closes == tail[-1].seq and state.closes == 1  # every agent event applied
     assert run["run"]["status"] == "completed"
-    assert [s["status"] for s in run["steps"]].count("abandoned") == 0  # the late result completed its call
+    tool = run["steps"][1]  # ordinal 0 is the thinking run, 1 the tool call the close marked abandoned
+    assert (tool["kind"], tool["status"]) == ("tool", "ok")  # the late result completed its own ordinal
+    assert [s["status"] for s in run["steps"]].count("abandoned") == 0
     assert got["globex/shared"]["run"]["status"] == "completed"  # the other company's run was never closed
     # A replay of the topic, closes included, gives the same rows.
     replayed = await golden_dump(events, tmp_path / "replay", ["acme", "globex"])
