@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# `make run`: the local stack on SQLite: a Kafka broker, the worker, the read API and a
-# demo agent; prints a curl line with a fresh API token. Runs in the foreground;
-# Ctrl-C stops the API, the worker and the broker.
+# `make run`: the local stack on SQLite: a Kafka broker, the worker, the compactor, the
+# read API and a demo agent; prints a curl line with a fresh API token. Runs in the
+# foreground; Ctrl-C stops the API, the compactor, the worker and the broker.
 #
-# Environment: KAFKA_PORT (9092), WEB_PORT (6066), API_PORT (8080), DEMO_RUNS (40), RUN_DIR (.run).
+# Environment: KAFKA_PORT (9092), WEB_PORT (6066), COMPACTOR_PORT (6068), API_PORT (8080),
+# DEMO_RUNS (40), RUN_DIR (.run).
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo"
@@ -25,12 +26,18 @@ export STEPSTREAM_TOKENS_FILE="$repo/$run_dir/tokens.json"
 
 worker_pid=""
 api_pid=""
+compactor_pid=""
 stop() {
     trap - EXIT INT TERM
     if [[ -n "$api_pid" ]]; then
         echo "run: stopping the API"
         kill "$api_pid" 2>/dev/null || true
         wait "$api_pid" 2>/dev/null || true
+    fi
+    if [[ -n "$compactor_pid" ]]; then
+        echo "run: stopping the compactor"
+        kill "$compactor_pid" 2>/dev/null || true
+        wait "$compactor_pid" 2>/dev/null || true
     fi
     if [[ -n "$worker_pid" ]]; then
         echo "run: stopping the worker"
@@ -51,6 +58,11 @@ for _ in $(seq 1 150); do
     sleep 0.2
 done
 echo "run: worker             pid $worker_pid, metrics http://127.0.0.1:$web_port/metrics, log $run_dir/worker.log"
+
+compactor_port="${COMPACTOR_PORT:-6068}"
+.venv/bin/stepstream compactor --web-port "$compactor_port" --interval 30 >"$run_dir/compactor.log" 2>&1 &
+compactor_pid=$!
+echo "run: compactor          pid $compactor_pid, metrics http://127.0.0.1:$compactor_port/metrics, log $run_dir/compactor.log"
 
 .venv/bin/stepstream demo --runs "${DEMO_RUNS:-40}" --companies 4 --out "$run_dir/demo-events.jsonl"
 
@@ -110,8 +122,10 @@ Look at the results:
   readiness   curl -s http://127.0.0.1:$web_port/ready
   the rows    sqlite database $db (steps, deep companions, runs)
   more runs   .venv/bin/stepstream demo --broker $broker --runs 100
+  retention   curl -s http://127.0.0.1:$compactor_port/metrics | grep -E '^stepstream_(runs_pruned|runs_abandoned|deep_bodies)'
+  purge       .venv/bin/stepstream purge --steps-sink $STEPSTREAM_STEPS_SINK --company co-00 --dry-run
   offline     .venv/bin/stepstream ingest-file $run_dir/demo-events.jsonl --steps-sink sqlite:///$run_dir/offline.db
   tokens      .venv/bin/stepstream token list   (STEPSTREAM_TOKENS_FILE=$STEPSTREAM_TOKENS_FILE)
-Ctrl-C stops the API, the worker and the broker.
+Ctrl-C stops the API, the compactor, the worker and the broker.
 EOF
 wait "$worker_pid"

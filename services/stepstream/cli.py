@@ -64,6 +64,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rejects", type=Path, help="where rejected lines go [EVENTS.rejects.jsonl]")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.add_argument("--max-event-bytes", type=int, help="larger lines are rejected as oversize [1048576]")
+
+    p = sub.add_parser("compactor", help="enforce retention, close abandoned runs (loop, or --once)")
+    _common(p)
+    _sinks(p)
+    p.add_argument("--once", action="store_true", help="run one pass and exit (1 if a stage failed)")
+    p.add_argument("--interval", type=float, dest="compactor_interval_seconds", help="seconds between passes [60]")
+    p.add_argument("--web-port", type=int, dest="compactor_web_port", help="port of /metrics and /healthz [6068]")
+    p.add_argument("--web-host", help="bind address of the web port [127.0.0.1]")
+    p.add_argument("--deep-runs", type=int, dest="deep_runs_per_company", help="runs per company keeping bodies [50]")
+    p.add_argument("--deep-ttl-seconds", type=float, help="drop bodies of runs older than this [0: off]")
+    p.add_argument("--step-ttl-seconds", type=float, help="delete whole runs older than this [0: off]")
+    p.add_argument("--abandon-after-seconds", type=float, help="close running runs idle this long [3600; 0: off]")
+    p.add_argument("--retention-file", help="TOML file of per-company overrides [STEPSTREAM_RETENTION_FILE]")
+
+    p = sub.add_parser("purge", help="destroy the deep bodies of a company or of one run (steps stay)")
+    _sinks(p)
+    p.add_argument("--company", required=True, help="the company")
+    p.add_argument("--run", help="only this run")
+    p.add_argument("--dry-run", action="store_true", help="only count what would go")
+    p.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    p.add_argument("--log-level", help="debug, info, warning, error [warning]")
     _api_commands(sub)
     return parser
 
@@ -123,6 +145,8 @@ def _settings(args: argparse.Namespace) -> Settings:
         "broker", "topic", "partitions", "log_level", "steps_sink", "deep_sink", "app_id",
         "web_port", "web_host", "max_event_bytes", "idle_flush_seconds", "max_hold_seconds", "max_open_runs",
         "store_retry_seconds", "replication_factor", "tokens_file", "api_host", "api_port",
+        "compactor_interval_seconds", "compactor_web_port", "deep_runs_per_company",
+        "deep_ttl_seconds", "step_ttl_seconds", "abandon_after_seconds", "retention_file",
     )
     return load_settings({k: getattr(args, k, None) for k in keys})
 
@@ -171,6 +195,24 @@ def main(argv: list[str] | None = None) -> int:
             return run_api(settings)
         if args.command == "token":
             return _run_token(settings, args)
+        if args.command == "compactor":
+            from stepstream.compactor.service import run_compactor
+
+            return asyncio.run(run_compactor(settings, once=args.once))
+        if args.command == "purge":
+            from stepstream.compactor.purge import purge
+
+            result = asyncio.run(
+                purge(settings.deep, args.company, args.run, dry_run=args.dry_run, yes=args.yes,
+                      progress=not args.no_progress)
+            )  # fmt: skip
+            if args.dry_run:
+                print(f"would destroy {result.bodies} bodies of {result.runs} runs")
+                return 0
+            if not result.confirmed:
+                return 1
+            print(f"destroyed {result.destroyed} bodies")
+            return 0
     except StepstreamError as exc:
         print(f"stepstream: {exc}", file=sys.stderr)
         return 2

@@ -57,6 +57,15 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # The read API (``stepstream api``); tokens live in ``tokens_file``.
     api_host: str = "127.0.0.1"
     api_port: int = 8080
+    # The compactor (``stepstream compactor``): defaults of the retention policy, which
+    # the TOML file ``retention_file`` may override per company (compactor/policy.py).
+    deep_runs_per_company: int = 50
+    deep_ttl_seconds: float = 0.0  # 0: off
+    step_ttl_seconds: float = 0.0  # 0: off
+    abandon_after_seconds: float = 3600.0  # 0: off
+    retention_file: str = ""
+    compactor_interval_seconds: float = 60.0
+    compactor_web_port: int = 6068
 
     @property
     def dlq(self) -> str:

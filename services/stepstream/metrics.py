@@ -81,23 +81,32 @@ class Metrics:
             registry=r,
         )
 
-
-class CompactorMetrics:
-    """The compactor's families (``stepstream compactor``), against a registry passed in.
-    The alert rules and the dashboard in ``deploy/`` read these names."""
-
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
-        self.registry = registry if registry is not None else CollectorRegistry()
-        r = self.registry
-        self.passes = Counter(
+        # The compactor. runs_pruned above counts runs whose bodies it dropped.
+        self.compactor_passes = Counter(
             "stepstream_compactor_passes", "Compactor passes, by outcome (ok, error).", ["outcome"], registry=r
         )
-        self.pass_duration = Histogram(
+        self.bodies_purged = Counter(
+            "stepstream_deep_bodies_purged",
+            "Deep bodies (rows) destroyed, by cause (retention, step_ttl, purge).",
+            ["cause"],
+            registry=r,
+        )
+        self.runs_abandoned = Counter(
+            "stepstream_runs_abandoned", "run_close events the compactor published for idle running runs.", registry=r
+        )
+        self.runs_expired = Counter(
+            "stepstream_runs_expired", "Runs deleted whole (steps included) by the step TTL.", registry=r
+        )
+        self.compactor_pass = Histogram(
             "stepstream_compactor_pass_seconds", "Duration of one compactor pass.", buckets=_LATENCY_BUCKETS, registry=r
         )
-        self.last_success = Gauge(
+        self.compactor_last_success = Gauge(
             "stepstream_compactor_last_success_timestamp_seconds",
-            "Unix time of the end of the last successful pass (0 before the first).",
+            "Unix time when the last compactor pass without an error ended.",
+            registry=r,
+        )
+        self.compactor_errors = Counter(
+            "stepstream_compactor_errors", "Compactor stages that failed, by stage (retried next pass).", ["stage"],
             registry=r,
         )
 

@@ -51,6 +51,7 @@ async def test_file_sink_layout_and_torn_lines(tmp_path: Path) -> None:
     await steps.write([step(0)], [run()], [state()])
     await deeps.write([deep(0, output='"a"')])
     assert sorted(p.name for p in tmp_path.glob("*.jsonl")) == [
+        "deep-index.jsonl",
         "deep-trace.jsonl",
         "run-state.jsonl",
         "run-steps.jsonl",
@@ -95,7 +96,7 @@ async def test_sqlite_steps_and_bodies_share_one_file(tmp_path: Path) -> None:
     )
     with sqlite3.connect(path) as conn:
         tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-        assert tables == {"run_steps", "runs", "run_state", "run_step_details"}
+        assert tables == {"run_steps", "runs", "run_state", "run_step_details", "deep_runs"}
         assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)
         # Plain sqlite3 reads the bodies as written (NUL included).
         assert conn.execute("SELECT reasoning FROM run_step_details").fetchone() == ("x\x00z",)

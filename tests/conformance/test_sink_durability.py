@@ -110,10 +110,13 @@ async def test_file_sink_fsyncs_every_file_of_a_batch(tmp_path: Path, fsyncs: li
     assert sorted(fsyncs) == ["run-state.jsonl", "run-steps.jsonl"]
     fsyncs.clear()
     await deeps.write([deep(0, output='"x"')])
-    assert sorted(fsyncs) == ["deep-trace.jsonl", "sink/"]
+    assert sorted(fsyncs) == ["deep-index.jsonl", "deep-trace.jsonl", "sink/"]
     fsyncs.clear()
-    await deeps.purge_run(COMPANY, "r1")  # a rewrite: the new file, then its rename
-    assert [name.endswith(".tmp") for name in fsyncs] == [True, False] and fsyncs[1] == "sink/"
+    await deeps.purge_run(COMPANY, "r1")  # a rewrite: the new file, then its rename; then the index line
+    assert [name.endswith(".tmp") for name in fsyncs] == [True, False, False] and fsyncs[1:] == [
+        "sink/",
+        "deep-index.jsonl",
+    ]
     await steps.close()
     await deeps.close()
 

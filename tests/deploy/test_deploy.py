@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from stepstream.config import normalize_broker
-from stepstream.metrics import CompactorMetrics, Metrics
+from stepstream.metrics import ApiMetrics, Metrics
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
@@ -55,7 +55,7 @@ _SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"),
 
 def declared_metrics() -> set[str]:
     names: set[str] = set()
-    for metrics in (Metrics(), CompactorMetrics()):
+    for metrics in (Metrics(), ApiMetrics()):
         for family in metrics.registry.collect():
             names.update(family.name + suffix for suffix in _SUFFIXES[family.type])
     return names
@@ -267,7 +267,10 @@ def test_compose_file_names_the_stack() -> None:
         env = service["environment"]
         assert normalize_broker(env["STEPSTREAM_BROKER"]) == "kafka:9092"
         assert env["STEPSTREAM_WEB_HOST"] == "0.0.0.0"
-        ports[name] = int(service["command"][service["command"].index("--port") + 1]) if "--port" in service["command"] else int(env["STEPSTREAM_WEB_PORT"])
+        if "--port" in service["command"]:
+            ports[name] = int(service["command"][service["command"].index("--port") + 1])
+        else:
+            ports[name] = int(env["STEPSTREAM_COMPACTOR_WEB_PORT" if name == "compactor" else "STEPSTREAM_WEB_PORT"])
     host_ports: list[int] = []
     for service in services.values():
         for mapping in service.get("ports", []):

@@ -384,3 +384,31 @@ async def test_a_run_that_left_memory_during_a_fetch_is_reloaded_not_refused():
     assert refused == 1  # the run had left memory and every batch: it was read again
     assert [s.step_seq for s in await steps.get_steps("acme", "x")] == [0]
     assert (await steps.load_states("acme", ["x"]))["x"].last_seq == 3
+
+
+async def test_a_late_event_in_a_later_batch_lands():
+    """A late event takes no new agent seq, yet its batch must pass the stores'
+    "never backwards" check: the stored last_seq counts late events too."""
+    from stepstream.core.wire import ToolResult, ToolResultPayload
+
+    steps, deep = MemoryStepStore(), MemoryDeepStore()
+    pipe = _pipe(steps, deep)
+    feed = Feed(pipe)
+    call = ToolCallPayload(call_id="c", tool="t", arguments={})
+    for e in [
+        _ev(RunStart, RunStartPayload(agent_name="a"), 0),
+        _ev(ToolCall, call, 1),
+        _ev(ToolCall, ToolCallPayload(call_id="d", tool="t", arguments={}), 3),  # seq 2 skipped
+    ]:
+        await feed.push(e)
+    await pipe.flush()
+    await feed.push(_ev(ToolResult, ToolResultPayload(call_id="c", output="ok"), 2))  # late, its own batch
+    await pipe.flush()
+    got = {s.step_seq: s.status for s in await steps.get_steps("acme", "r1")}
+    assert got == {0: "ok", 1: "running"}
+    state = (await steps.load_states("acme", ["r1"]))["r1"]
+    assert state.skipped_seqs == () and state.run.late_events == 1
+    # A restart from the stored state takes the late event as applied: a replay skips it.
+    pipe2 = _pipe(steps, deep)
+    await pipe2.push(_ev(ToolResult, ToolResultPayload(call_id="c", output="ok"), 2))
+    assert pipe2.duplicates == 1

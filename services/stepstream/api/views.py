@@ -31,7 +31,7 @@ class Run(msgspec.Struct, kw_only=True):
     run_id: str
     agent_name: str | None
     environment: dict[str, Any] | str | None  # the run_start's object (redacted) or string
-    status: Literal["running", "completed", "failed"]
+    status: Literal["running", "completed", "failed", "abandoned"]
     failure: RunFailure | None
     started_at: str | None
     ended_at: str | None
@@ -44,6 +44,7 @@ class Run(msgspec.Struct, kw_only=True):
     dropped_steps: int
     seq_gaps: int
     late_events: int
+    deep_pruned_at: str | None  # when retention dropped the run's deep bodies
 
 
 class RunsPage(msgspec.Struct, kw_only=True):
@@ -60,7 +61,7 @@ class Step(msgspec.Struct, kw_only=True):
     step_seq: int
     kind: Literal["thinking", "tool", "llm", "state", "error"]
     label: str | None
-    status: Literal["running", "ok", "error"] | None
+    status: Literal["running", "ok", "error", "abandoned"] | None
     call_id: str | None
     arguments: Any
     input_shape: str | None
@@ -101,6 +102,7 @@ def run_view(record: RunRecord) -> Run:
         dropped_steps=record.dropped_steps,
         seq_gaps=record.seq_gaps,
         late_events=record.late_events,
+        deep_pruned_at=record.deep_pruned_at,
     )
 
 

@@ -76,6 +76,17 @@ Contracts:
   changed since it was last emitted. A fold restored from any such snapshot and
   fed the later events (earlier ones are skipped) makes exactly the records an
   uninterrupted fold makes.
+* **Abandoned runs** (``run_close``, published by the compactor). A close takes
+  no agent ``seq``: its ``seq`` names the last agent ``seq`` the compactor saw,
+  and it applies only if that is still the fold's last applied agent ``seq`` and
+  the run is ``running``; otherwise it returns ``None`` (a replayed close, or one
+  that lost the race to a resumed agent or to ``run_end``). Applying it flushes
+  and closes an open thinking run, marks every open tool/LLM step ``abandoned``
+  (the calls stay open, so a late result still completes its own ordinal) and the
+  run ``abandoned`` (``ended_at`` the close's ``ts``), and counts it in
+  ``RunState.closes`` so the stored ``last_seq`` (agent seq plus closes) moves
+  forward. The next agent event of an abandoned run sets it ``running`` again
+  (``ended_at`` cleared) and is applied as usual: no event and no ordinal is lost.
 * **State fields** (``core.records.RunState``): ``thinking_chars`` counts every
   durable character of the open thinking run, also those past the cap (the deep
   text then stops at the cap); ``thinking_ordinal >= max_steps`` marks an open
@@ -128,6 +139,7 @@ class Output(msgspec.Struct):
 _Handler = Callable[["RunFold", Any, str, Output], None]
 _ThinkingDelta = wire.ThinkingDelta
 _NO_FAILURE = "the run_end gave no failure"
+_RunClose = wire.RunClose
 
 
 def _utf8_len(text: str) -> int:
@@ -145,7 +157,7 @@ class RunFold:
         "_dirty", "_max_ts", "_max_ts_str", "_th_ord", "_th_chars", "_th_clipped",
         "_th_started", "_pending", "_tail", "_tail_chars", "_tail_bytes", "_tail_deltas", "_delta_now",
         "_max_steps", "_flush_bytes", "_flush_deltas", "_max_seq_jump", "lazy", "_clean",
-        "late", "_skipped", "_awaiting",
+        "late", "_skipped", "_awaiting", "_closes",
     )  # fmt: skip
 
     def __init__(
@@ -179,7 +191,9 @@ class RunFold:
             state = RunState(company_id=company_id, run_id=run_id)
         elif (state.company_id, state.run_id) != (company_id, run_id):
             raise ValueError(f"state of {state.company_id}/{state.run_id} given to {company_id}/{run_id}")
-        self._last_seq = state.last_seq
+        self._closes = state.closes
+        lates = 0 if state.run is None else state.run.late_events
+        self._last_seq = state.last_seq - state.closes - lates  # the last agent seq applied
         self._next = state.next_ordinal
         self._open: dict[str, int] | None = dict(state.open_calls) if state.open_calls else None
         self._th_ord = state.thinking_ordinal
@@ -219,6 +233,8 @@ class RunFold:
         apply, leaving the fold unchanged, and ``ValueError`` for an event of another run."""
         if event.run_id != self.run_id or event.company_id != self.company_id:
             raise ValueError(f"event of {event.company_id}/{event.run_id} pushed to {self.company_id}/{self.run_id}")
+        if type(event) is _RunClose:
+            return self._close(event)
         seq = event.seq
         last = self._last_seq
         if seq <= last:
@@ -241,6 +257,10 @@ class RunFold:
         if self.lazy and not self._pending and self._clean is None and type(event) is _ThinkingDelta:
             # This delta may start a tail: keep the clean state it leaves behind.
             self._clean = self._snapshot(self._run_copy())
+        run = self._run
+        if run.status == "abandoned":  # the agent came back after a run_close
+            run.status, run.ended_at = "running", None
+            self._dirty = True
         if seq == last + 1:  # in order: the hot path
             self._last_seq = seq
             latest = self._max_ts
@@ -318,7 +338,7 @@ class RunFold:
         return RunState(
             company_id=self.company_id,
             run_id=self.run_id,
-            last_seq=self._last_seq,
+            last_seq=self._last_seq + self._closes + run.late_events,
             next_ordinal=self._next,
             thinking_ordinal=self._th_ord,
             thinking_chars=self._th_chars,
@@ -328,6 +348,7 @@ class RunFold:
             run=run,
             skipped_seqs=self._skipped,
             awaiting_calls={} if self._awaiting is None else dict(self._awaiting),
+            closes=self._closes,
         )
 
     def durable_state(self) -> RunState:
@@ -441,6 +462,28 @@ class RunFold:
             self._th_chars = 0
             self._th_clipped = False
             self._th_started = None
+
+    # -- abandoned runs -------------------------------------------------------------
+
+    def _close(self, event: wire.RunClose) -> Output | None:
+        """A compactor's ``run_close`` (module docstring): no seq of its own."""
+        run = self._run
+        if run.status != "running" or event.seq != self._last_seq or not in_window(event.ts):
+            self.stale += 1
+            return None
+        at = format_ts(event.ts)
+        out = Output([], [], None, None, [], [])
+        if self._th_ord is not None:
+            self._flush_thinking(out, "close", close=True)
+        for key, ordinal in (self._open or {}).items():
+            kind = "tool" if key.startswith("tool:") else "llm"
+            out.steps.append(StepRecord(company_id=self.company_id, run_id=self.run_id, step_seq=ordinal,
+                                        kind=kind, status="abandoned", ended_at=at))  # fmt: skip
+        run.status = "abandoned"
+        run.ended_at = at
+        self._closes += 1
+        self._dirty = True
+        return self._finish(out)
 
     # -- other events -------------------------------------------------------------
 

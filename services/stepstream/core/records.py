@@ -36,8 +36,9 @@ from typing import Any, Literal
 import msgspec
 
 StepKind = Literal["thinking", "tool", "llm", "state", "error"]
-StepStatus = Literal["running", "ok", "error"]
-RunStatus = Literal["running", "completed", "failed"]
+# "abandoned": a step or run the compactor closed after the run went silent (``run_close``).
+StepStatus = Literal["running", "ok", "error", "abandoned"]
+RunStatus = Literal["running", "completed", "failed", "abandoned"]
 
 
 class StepRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -112,12 +113,20 @@ class RunRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
     dropped_steps: int = 0
     seq_gaps: int = 0
     late_events: int = 0
+    # When retention dropped this run's deep bodies (set by the compactor through
+    # ``StepStore.mark_deep_pruned``; a run record written as ``None`` keeps it).
+    deep_pruned_at: str | None = None
 
 
 class RunState(msgspec.Struct, kw_only=True):
     """Durable fold state of one run: small (no text), written with the rows it
     describes. ``last_seq`` means every event of this run up to it is fully
-    reflected in the sinks and nothing beyond it is."""
+    reflected in the sinks and nothing beyond it is. It also counts the events that
+    take no new agent ``seq``: ``closes`` compactor closes (``run_close``) and the
+    run's ``late_events`` (a late event fills a seq below it), so the last agent
+    ``seq`` applied is ``last_seq - closes - run.late_events``. Stores compare
+    ``last_seq`` only (a batch whose state is not ahead of the stored one is refused),
+    and it grows with every applied event, late events and closes included."""
 
     company_id: str
     run_id: str
@@ -136,3 +145,7 @@ class RunState(msgspec.Struct, kw_only=True):
     skipped_seqs: tuple[tuple[int, int], ...] = ()
     awaiting_calls: dict[str, int] = {}
     run: RunRecord | None = None
+    # ``run_close`` events applied. Each takes no agent seq but must move the stored
+    # state forward, so ``last_seq`` is the last agent seq applied plus ``closes``
+    # (plus ``run.late_events``, for the same reason).
+    closes: int = 0

@@ -118,6 +118,13 @@ class RunEndPayload(msgspec.Struct, omit_defaults=True):
     failure: str | FailurePayload | None = None
 
 
+class RunClosePayload(msgspec.Struct, omit_defaults=True):
+    """A close the compactor publishes for a run that went silent (see :class:`RunClose`)."""
+
+    status: Literal["abandoned"]
+    reason: Annotated[str, msgspec.Meta(max_length=256)] | None = None
+
+
 class _Envelope(msgspec.Struct, tag_field="type", omit_defaults=True, kw_only=True):
     v: Literal[1]
     event_id: EventId
@@ -164,6 +171,16 @@ class RunEnd(_Envelope, tag="run_end", kw_only=True):
     payload: RunEndPayload
 
 
+class RunClose(_Envelope, tag="run_close", kw_only=True):
+    """Published by ``stepstream compactor`` (never by an agent) under the run's key.
+
+    It takes no ``seq`` of the run: its ``seq`` names the last agent ``seq`` the
+    compactor saw applied, and the fold applies the close only if that is still the
+    run's last applied ``seq`` and the run is ``running`` (``core.fold``)."""
+
+    payload: RunClosePayload
+
+
 Event = Union[
     RunStart,
     LlmRequest,
@@ -174,6 +191,7 @@ Event = Union[
     StateChange,
     Error,
     RunEnd,
+    RunClose,
 ]
 EVENT_TYPES: tuple[type, ...] = Event.__args__  # type: ignore[attr-defined]
 EVENT_TYPE_NAMES: tuple[str, ...] = tuple(t.__struct_config__.tag for t in EVENT_TYPES)

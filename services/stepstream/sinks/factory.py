@@ -20,6 +20,7 @@ option value that cannot work is a :class:`ConfigError`.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 from urllib.parse import parse_qsl, unquote
@@ -118,31 +119,37 @@ async def open_step_store(url: str) -> StepStore:
 
 
 async def open_deep_store(
-    url: str, *, limits: Limits | None = None, on_clip: Callable[[str], None] | None = None
+    url: str,
+    *,
+    limits: Limits | None = None,
+    on_clip: Callable[[str], None] | None = None,
+    clock: Callable[[], float] = time.time,
 ) -> DeepStore:
     """The deep store at ``url``, opened and ready. ``limits`` (a ``core.limits.Limits``)
     sets the caps the port clips to; ``None`` means the contract's defaults. ``on_clip``
-    hears the field name of every body the port clips (``semantics.clip_batch``)."""
-    store = await _open_deep_store(url, limits)
+    hears the field name of every body the port clips (``semantics.clip_batch``).
+    ``clock`` (seconds since the epoch) stamps when bodies are received: retention ranks
+    a run by its event times capped at that (``sinks.retention``); tests inject it."""
+    store = await _open_deep_store(url, limits, clock)
     store.on_clip = on_clip  # type: ignore[attr-defined]
     return store
 
 
-async def _open_deep_store(url: str, limits: Limits | None) -> DeepStore:
+async def _open_deep_store(url: str, limits: Limits | None, clock: Callable[[], float]) -> DeepStore:
     scheme = _scheme(url)
     if scheme == "memory":
         from stepstream.sinks.memory import MemoryDeepStore
 
-        return MemoryDeepStore(limits)
+        return MemoryDeepStore(limits, clock)
     if scheme == "file":
         from stepstream.sinks.files import FileDeepStore, open_directory
 
         options = url_options(url, FILE_OPTIONS)
-        return FileDeepStore(open_directory(_file_path(url), **options), limits, **options)
+        return FileDeepStore(open_directory(_file_path(url), **options), limits, clock=clock, **options)
     if scheme == "sqlite":
         from stepstream.sinks.sqlite import SqliteDeepStore, sqlite_path
 
-        return await SqliteDeepStore(sqlite_path(url), limits, **url_options(url, SQLITE_OPTIONS)).open()
+        return await SqliteDeepStore(sqlite_path(url), limits, clock=clock, **url_options(url, SQLITE_OPTIONS)).open()
     from stepstream.sinks.mongodb import MongoDeepStore
 
-    return await MongoDeepStore(url, limits).open()
+    return await MongoDeepStore(url, limits, clock=clock).open()

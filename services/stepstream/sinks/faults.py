@@ -68,7 +68,7 @@ import msgspec
 
 from stepstream.core.records import DeepRecord, RunRecord, RunState, StepRecord
 from stepstream.errors import ConfigError, SinkError, SinkUnavailable
-from stepstream.sinks.ports import Capabilities, DeepStore, RunsPage, StepStore
+from stepstream.sinks.ports import Capabilities, DeepRun, DeepStore, RunsPage, StepStore
 
 __all__ = ["FaultPlan", "FaultRule", "read_log", "wrap_stores", "write_plan"]
 
@@ -76,8 +76,14 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-STEP_OPS = ("write", "load_states", "get_run", "list_runs", "list_runs_page", "get_steps", "close")
-DEEP_OPS = ("write", "get_deep", "list_deep_runs", "purge_run", "purge_company", "prune", "close")
+STEP_OPS = (
+    "write", "load_states", "get_run", "list_runs", "list_runs_page", "get_steps", "close",
+    "list_companies", "mark_deep_pruned", "delete_runs",
+)  # fmt: skip
+DEEP_OPS = (
+    "write", "get_deep", "list_deep_runs", "purge_run", "purge_company", "prune", "close",
+    "list_companies", "retention_index", "mark_pruned", "delete_pruned",
+)  # fmt: skip
 
 
 class FaultRule(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
@@ -289,6 +295,15 @@ class FaultyStepStore(_Faulty):
     async def get_steps(self, company_id: str, run_id: str) -> list[StepRecord]:
         return await self._call("get_steps", company_id, run_id)
 
+    async def list_companies(self) -> list[str]:
+        return await self._call("list_companies")
+
+    async def mark_deep_pruned(self, company_id: str, run_ids: Sequence[str], at: str) -> int:
+        return await self._call("mark_deep_pruned", company_id, run_ids, at)
+
+    async def delete_runs(self, company_id: str, run_ids: Sequence[str]) -> int:
+        return await self._call("delete_runs", company_id, run_ids)
+
 
 class FaultyDeepStore(_Faulty):
     """A :class:`~stepstream.sinks.ports.DeepStore` under a fault plan."""
@@ -312,6 +327,18 @@ class FaultyDeepStore(_Faulty):
 
     async def prune(self, company_id: str, keep: int) -> list[str]:
         return await self._call("prune", company_id, keep)
+
+    async def list_companies(self) -> list[str]:
+        return await self._call("list_companies")
+
+    async def retention_index(self, company_id: str) -> list[DeepRun]:
+        return await self._call("retention_index", company_id)
+
+    async def mark_pruned(self, company_id: str, runs: Sequence[tuple[str, int]], at: str) -> list[str]:
+        return await self._call("mark_pruned", company_id, runs, at)
+
+    async def delete_pruned(self, company_id: str, run_ids: Sequence[str]) -> int:
+        return await self._call("delete_pruned", company_id, run_ids)
 
 
 def wrap_stores(

@@ -8,6 +8,9 @@ Layout of ``dir`` (created if missing)::
     run-steps.lock     serialises step-store writers (flock)
     deep-trace.jsonl   DeepRecord lines as written, after the port clip (deep store)
     deep-trace.lock    serialises deep-store writers and rewrites (flock)
+    deep-index.jsonl   retention index lines (deep store): ``write`` (a batch stored
+                       bodies for the run: its ranks), ``prune`` (the run's bodies are
+                       dropped; later ones refused), ``forget`` (a purge removed it)
 
 A line is the msgspec JSON of one *write*, not of a row: a reader folds the lines
 in order with the port's merge (field by field, sticky ``clipped``, positional
@@ -59,17 +62,19 @@ import errno
 import fcntl
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager, suppress
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 
 import msgspec
 
 from stepstream.core.limits import Limits
 from stepstream.core.records import DeepRecord, RunRecord, RunState, StepRecord
 from stepstream.errors import SinkError, SinkUnavailable
-from stepstream.sinks.ports import Capabilities, RunsPage
+from stepstream.sinks.ports import Capabilities, DeepRun, RunsPage
+from stepstream.sinks.retention import Clock, IndexEntry, batch_ranks, fold_write, merge_index, now_text, prune_via_marks
 from stepstream.sinks.semantics import (
     ClipHook,
     RunKey,
@@ -93,6 +98,7 @@ STEPS_FILE = "run-steps.jsonl"
 RUNS_FILE = "runs.jsonl"
 STATES_FILE = "run-state.jsonl"
 DEEP_FILE = "deep-trace.jsonl"
+INDEX_FILE = "deep-index.jsonl"
 
 T = TypeVar("T")
 
@@ -171,6 +177,67 @@ def _fold_step(rows: dict[RunKey, Any], step: StepRecord) -> None:
 
 def _fold_whole(rows: dict[RunKey, Any], record: RunRecord | RunState) -> None:
     rows[(record.company_id, record.run_id)] = record
+
+
+def _fold_run(rows: dict[RunKey, Any], run: RunRecord) -> None:
+    """A run record replaces whole, except the compactor's mark, which a ``None`` keeps."""
+    key = (run.company_id, run.run_id)
+    if run.deep_pruned_at is None:
+        stored = rows.get(key)
+        if stored is not None and stored.deep_pruned_at is not None:
+            run = msgspec.structs.replace(run, deep_pruned_at=stored.deep_pruned_at)
+    rows[key] = run
+
+
+class _IndexLine(msgspec.Struct, omit_defaults=True, kw_only=True):
+    """One line of ``deep-index.jsonl``; ``op`` says what happened to the run."""
+
+    op: Literal["write", "prune", "forget"]
+    company_id: str
+    run_id: str
+    rank: str = ""
+    last_ts: str = ""
+    received_at: str = ""
+    at: str | None = None
+
+
+def _fold_index(rows: dict[RunKey, Any], line: _IndexLine) -> None:
+    key = (line.company_id, line.run_id)
+    entry = rows.get(key)
+    if line.op == "write":
+        if entry is None or entry.pruned_at is None:  # a pruned run's bodies were refused
+            rows[key] = fold_write(entry, key, line.last_ts, line.rank, line.received_at)
+    elif line.op == "prune":
+        if entry is None:
+            rows[key] = IndexEntry(company_id=key[0], run_id=key[1], pruned_at=line.at)
+        elif entry.pruned_at is None:
+            entry.pruned_at = line.at
+    elif entry is not None and entry.pruned_at is None:  # forget: a purge, which keeps tombstones
+        del rows[key]
+
+
+def rewrite_without(root: Path, name: str, drop: set[RunKey], fsync: bool) -> None:
+    """Rewrite ``root/name`` without the lines of the runs in ``drop`` (temporary file,
+    fsync, atomic ``os.replace``); call under the file's lock. A torn tail is dropped."""
+    path = root / name
+    if not path.exists():
+        return
+    tmp = path.with_name(f".{name}.{os.getpid()}.tmp")
+    with open(path, "rb") as src, open(tmp, "wb") as dst:
+        for line in src:
+            if not line.endswith(b"\n"):
+                break
+            try:
+                key = _key_decoder.decode(line)
+            except msgspec.DecodeError:
+                continue
+            if (key.company_id, key.run_id) not in drop:
+                dst.write(line)
+        dst.flush()
+        os.fsync(dst.fileno())
+    os.replace(tmp, path)
+    if fsync:
+        fsync_directory(root)
 
 
 def _fold_deep(rows: dict[RunKey, Any], deep: DeepRecord) -> None:
@@ -257,7 +324,7 @@ class FileStepStore:
         self._dir = _Directory(root, "run-steps.lock", fsync)
         self.durability = _durability(fsync)
         self._steps = _Folded(root / STEPS_FILE, StepRecord, _fold_step)
-        self._runs = _Folded(root / RUNS_FILE, RunRecord, _fold_whole)
+        self._runs = _Folded(root / RUNS_FILE, RunRecord, _fold_run)
         self._states = _Folded(root / STATES_FILE, RunState, _fold_whole)
 
     async def write(
@@ -331,6 +398,46 @@ class FileStepStore:
 
         return await asyncio.to_thread(self._read, self._steps, pick)
 
+    async def list_companies(self) -> list[str]:
+        return await asyncio.to_thread(self._read, self._runs, lambda rows: sorted({c for c, _ in rows}))
+
+    async def mark_deep_pruned(self, company_id: str, run_ids: Sequence[str], at: str) -> int:
+        def mark() -> int:
+            try:
+                with self._dir.mutex, self._dir.locked():
+                    self._runs.refresh()
+                    rows = self._runs.rows
+                    marked = [
+                        msgspec.structs.replace(rows[(company_id, r)], deep_pruned_at=at)
+                        for r in dict.fromkeys(run_ids)
+                        if (company_id, r) in rows and rows[(company_id, r)].deep_pruned_at is None
+                    ]
+                    if marked:
+                        self._dir.append([(RUNS_FILE, _lines(RUNS_FILE, marked))])
+                    return len(marked)
+            except OSError as exc:
+                raise _as_sink_error(exc) from exc
+
+        return await asyncio.to_thread(mark)
+
+    async def delete_runs(self, company_id: str, run_ids: Sequence[str]) -> int:
+        drop = {(company_id, r) for r in run_ids}
+
+        def delete() -> int:
+            try:
+                with self._dir.mutex, self._dir.locked():
+                    self._runs.refresh()
+                    gone = sum(key in self._runs.rows for key in drop)
+                    for name in (STEPS_FILE, RUNS_FILE, STATES_FILE):
+                        rewrite_without(self._dir.root, name, drop, self._dir.fsync)
+                    for table in (self._steps, self._runs, self._states):
+                        table.refresh()  # a new inode: folded again from the start
+                    return gone
+            except OSError as exc:
+                raise _as_sink_error(exc) from exc
+
+        return await asyncio.to_thread(delete) if drop else 0
+
     async def close(self) -> None:
         with self._dir.mutex:
             for table in (self._steps, self._runs, self._states):
@@ -342,12 +449,16 @@ class FileDeepStore:
 
     capabilities = CAPABILITIES
 
-    def __init__(self, root: Path, limits: Limits | None = None, *, fsync: bool = True) -> None:
+    def __init__(
+        self, root: Path, limits: Limits | None = None, *, fsync: bool = True, clock: Clock = time.time
+    ) -> None:
         self._dir = _Directory(root, "deep-trace.lock", fsync)
         self.durability = _durability(fsync)
         self._deep = _Folded(root / DEEP_FILE, DeepRecord, _fold_deep)
+        self._index = _Folded(root / INDEX_FILE, _IndexLine, _fold_index)
         self._limits = limits
         self.on_clip: ClipHook | None = None  # set by open_deep_store; counts clips at the port
+        self._clock = clock
 
     @property
     def bad_lines(self) -> int:
@@ -356,19 +467,35 @@ class FileDeepStore:
 
     async def write(self, deeps: Sequence[DeepRecord]) -> None:
         if deeps:
-            data = _lines(DEEP_FILE, clip_batch(deeps, self._limits, self.on_clip))
-            await asyncio.to_thread(self._append, data)
+            clipped = clip_batch(deeps, self._limits, self.on_clip)
+            _lines(DEEP_FILE, clipped)  # refuse what cannot be encoded before taking the lock
+            await asyncio.to_thread(self._append, clipped)
 
-    def _append(self, data: bytes) -> None:
+    def _pruned(self, key: RunKey) -> bool:
+        entry = self._index.rows.get(key)
+        return entry is not None and entry.pruned_at is not None
+
+    def _append(self, clipped: list[DeepRecord]) -> None:
+        received = now_text(self._clock)
         try:
             with self._dir.mutex, self._dir.locked():
-                self._dir.append([(DEEP_FILE, data)])
+                # Under the lock: the tombstone check, the index line and the bodies are one step.
+                self._index.refresh()
+                kept = [d for d in clipped if not self._pruned((d.company_id, d.run_id))]
+                if not kept:
+                    return
+                index = [
+                    _IndexLine(op="write", company_id=c, run_id=r, rank=rank, last_ts=last, received_at=received)
+                    for (c, r), (last, rank) in batch_ranks(kept, received).items()
+                ]
+                self._dir.append([(INDEX_FILE, _lines(INDEX_FILE, index)), (DEEP_FILE, _lines(DEEP_FILE, kept))])
         except OSError as exc:
             raise _as_sink_error(exc) from exc
 
     def _read(self, pick: Callable[[dict[RunKey, dict[int, DeepRecord]]], T]) -> T:
         with self._dir.mutex:
             try:
+                self._index.refresh()
                 self._deep.refresh()
             except OSError as exc:
                 raise _as_sink_error(exc) from exc
@@ -376,46 +503,105 @@ class FileDeepStore:
 
     async def get_deep(self, company_id: str, run_id: str) -> list[DeepRecord]:
         def pick(rows: dict[RunKey, dict[int, DeepRecord]]) -> list[DeepRecord]:
+            if self._pruned((company_id, run_id)):
+                return []
             run = rows.get((company_id, run_id), {})
             return [run[seq] for seq in sorted(run)]
 
         return await asyncio.to_thread(self._read, pick)
 
     async def list_deep_runs(self, company_id: str) -> list[tuple[str, str]]:
-        return await asyncio.to_thread(self._read, lambda rows: _deep_runs(rows, company_id))
+        def pick(rows: dict[RunKey, dict[int, DeepRecord]]) -> list[tuple[str, str]]:
+            return [(r, ts) for r, ts in _deep_runs(rows, company_id) if not self._pruned((company_id, r))]
+
+        return await asyncio.to_thread(self._read, pick)
 
     async def purge_run(self, company_id: str, run_id: str) -> int:
         dropped = await asyncio.to_thread(
-            self._drop, lambda rows: [(company_id, run_id)] if (company_id, run_id) in rows else []
+            self._drop,
+            lambda rows: [(company_id, run_id)] if (company_id, run_id) in rows else [],
+            lambda key: key == (company_id, run_id),
         )
         return sum(dropped.values())
 
     async def purge_company(self, company_id: str) -> int:
-        dropped = await asyncio.to_thread(self._drop, lambda rows: [k for k in rows if k[0] == company_id])
+        dropped = await asyncio.to_thread(
+            self._drop, lambda rows: [k for k in rows if k[0] == company_id], lambda key: key[0] == company_id
+        )
         return sum(dropped.values())
 
     async def prune(self, company_id: str, keep: int) -> list[str]:
         check_keep(keep)
+        return await prune_via_marks(self, company_id, keep, now_text(self._clock))
+
+    async def list_companies(self) -> list[str]:
+        def pick(rows: dict[RunKey, dict[int, DeepRecord]]) -> list[str]:
+            return sorted({c for c, _ in self._index.rows} | {c for (c, _), run in rows.items() if run})
+
+        return await asyncio.to_thread(self._read, pick)
+
+    async def retention_index(self, company_id: str) -> list[DeepRun]:
+        def pick(rows: dict[RunKey, dict[int, DeepRecord]]) -> list[DeepRun]:
+            entries = {r: e for (c, r), e in self._index.rows.items() if c == company_id}
+            bodies = {r: (len(run), max(d.ts for d in run.values())) for (c, r), run in rows.items() if c == company_id and run}
+            return merge_index(entries, bodies)
+
+        return await asyncio.to_thread(self._read, pick)
+
+    async def mark_pruned(self, company_id: str, runs: Sequence[tuple[str, int]], at: str) -> list[str]:
+        def mark() -> list[str]:
+            try:
+                with self._dir.mutex, self._dir.locked():
+                    self._index.refresh()
+                    entries = self._index.rows
+                    marked = []
+                    for run_id, version in runs:
+                        entry = entries.get((company_id, run_id))
+                        if (entry is None and version == 0) or (
+                            entry is not None and entry.pruned_at is None and entry.version == version
+                        ):
+                            marked.append(run_id)
+                    if marked:
+                        lines = [_IndexLine(op="prune", company_id=company_id, run_id=r, at=at) for r in marked]
+                        self._dir.append([(INDEX_FILE, _lines(INDEX_FILE, lines))])
+                    return marked
+            except OSError as exc:
+                raise _as_sink_error(exc) from exc
+
+        return await asyncio.to_thread(mark) if runs else []
+
+    async def delete_pruned(self, company_id: str, run_ids: Sequence[str]) -> int:
+        wanted = {(company_id, r) for r in run_ids}
 
         def choose(rows: dict[RunKey, dict[int, DeepRecord]]) -> list[RunKey]:
-            return [(company_id, run_id) for run_id, _ in _deep_runs(rows, company_id)[keep:]]
+            return [k for k in rows if k in wanted and self._pruned(k)]
 
-        dropped = await asyncio.to_thread(self._drop, choose)
-        return [run_id for _, run_id in dropped]
+        dropped = await asyncio.to_thread(self._drop, choose) if wanted else {}
+        return sum(dropped.values())
 
-    def _drop(self, choose: Callable[[dict[RunKey, dict[int, DeepRecord]]], list[RunKey]]) -> dict[RunKey, int]:
-        """Under the lock: fold to the end, pick the runs, rewrite the file without them.
+    def _drop(
+        self,
+        choose: Callable[[dict[RunKey, dict[int, DeepRecord]]], list[RunKey]],
+        forget: Callable[[RunKey], bool] | None = None,
+    ) -> dict[RunKey, int]:
+        """Under the lock: fold to the end, pick the runs, rewrite the file without them
+        (and, for a purge, forget the index entries ``forget`` names unless they are
+        marked pruned).
         Returns ``{run key: rows removed}`` in the order chosen."""
         try:
             with self._dir.mutex, self._dir.locked():
+                self._index.refresh()
                 self._deep.refresh()
                 rows = self._deep.rows
                 keys = choose(rows)
-                if not keys:
-                    return {}
+                forgotten = [] if forget is None else [k for k in self._index.rows if forget(k) and not self._pruned(k)]
                 dropped = {key: len(rows[key]) for key in keys}
-                self._rewrite_without(set(keys))
-                self._deep.adopt({k: v for k, v in rows.items() if k not in dropped})
+                if dropped:
+                    self._rewrite_without(set(keys))
+                    self._deep.adopt({k: v for k, v in rows.items() if k not in dropped})
+                if forgotten:
+                    lines = [_IndexLine(op="forget", company_id=c, run_id=r) for c, r in forgotten]
+                    self._dir.append([(INDEX_FILE, _lines(INDEX_FILE, lines))])
                 return dropped
         except OSError as exc:
             raise _as_sink_error(exc) from exc
@@ -442,6 +628,7 @@ class FileDeepStore:
     async def close(self) -> None:
         with self._dir.mutex:
             self._deep.close()
+            self._index.close()
 
 
 def _deep_runs(rows: dict[RunKey, dict[int, DeepRecord]], company_id: str) -> list[tuple[str, str]]:

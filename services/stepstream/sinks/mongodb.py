@@ -26,8 +26,9 @@ field names everywhere and integers beyond int64 are not BSON at all.
 
 **Writes.** A batch's writes to one row are coalesced, in order, into one
 ``UpdateOne({_id}, {$set: fields}, upsert)`` (later non-None fields win, which is
-what applying them one by one does); run records are ``ReplaceOne`` of the
-batch's last write per run. Each collection gets ordered ``bulk_write`` s and the
+what applying them one by one does); run records are the batch's last write
+per run, every field ``$set`` (``None`` as null) except a ``None``
+``deep_pruned_at``, so the compactor's mark survives the worker's writes. Each collection gets ordered ``bulk_write`` s and the
 states go last (no multi-document transactions without a replica set, and none
 at all in FerretDB 1.x).
 
@@ -84,14 +85,24 @@ FerretDB (detected by ``buildInfo.ferretdbVersion``) the adapter sends at most
 
 **Retention.** FerretDB 1.x implements only ``$count``/``$sum`` accumulators in
 ``$group``, so ``list_deep_runs`` reads ``(run_id, ts)`` through the covering
-recency index and takes the maximum per run here. ``prune`` ranks, then deletes
-the dropped runs with one ``delete_many``; without transactions, a crash in the
-middle can leave a dropped run partly deleted until the next prune finishes it.
+recency index and takes the maximum per run here. The retention index is the
+collection ``deep_runs`` (``_id`` ["company","run"]): a deep write first reads
+the entries of its runs by ``_id`` (bodies of a run marked pruned are dropped),
+then ``$max``/``$inc`` s them, then writes the bodies. ``mark_pruned`` is a
+conditional ``update_one({_id, version, pruned_at: null})`` per run (atomic per
+document on MongoDB), then ``delete_pruned`` deletes. Without transactions a
+crash between the two leaves a marked run with bodies that no reader sees
+(``get_deep`` checks the mark) and that the next pass deletes; a write whose
+check read the entry just before the mark can land bodies after it, with the
+same outcome. FerretDB 1.24 evaluates the filter outside the transaction that
+writes, so a write racing the mark can lose its version bump: the run is then
+pruned whole although it was written during the pass (never torn).
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
@@ -101,7 +112,8 @@ import msgspec
 from stepstream.core.limits import Limits
 from stepstream.core.records import DeepRecord, RunRecord, RunState, StepRecord
 from stepstream.errors import ConfigError, SinkError, SinkUnavailable, StepstreamError
-from stepstream.sinks.ports import Capabilities, RunsPage
+from stepstream.sinks.ports import Capabilities, DeepRun, RunsPage
+from stepstream.sinks.retention import Clock, IndexEntry, batch_ranks, merge_index, now_text, prune_via_marks
 from stepstream.sinks.semantics import (
     ClipHook,
     RunKey,
@@ -299,6 +311,7 @@ DEEP_INDEXES = {
         (_KEY3, {"unique": True, "name": "key"}),
         ([("company_id", 1), ("run_id", 1), ("ts", 1)], {"name": "recency"}),
     ],
+    "deep_runs": [(_KEY2, {"unique": True, "name": "key"})],
 }
 
 
@@ -310,11 +323,15 @@ def row_id(company_id: str, run_id: str, step_seq: int | None = None) -> str:
 
 
 def _run_op(run: RunRecord) -> Any:
-    doc = _to_builtins(run)
+    # Every field is set (None as null), except the compactor's deep_pruned_at, which a
+    # worker's write (None) leaves as stored: the record replaces whole but for the mark.
+    doc = _to_builtins(msgspec.structs.asdict(run))
+    if doc["deep_pruned_at"] is None:
+        del doc["deep_pruned_at"]
     if run.environment is not None:  # free-form keys: JSON text, as step arguments
         doc["environment"] = _json.encode(run.environment).decode()
     doc["recency"] = recency(run)
-    return ReplaceOne({"_id": row_id(run.company_id, run.run_id)}, doc, upsert=True)
+    return UpdateOne({"_id": row_id(run.company_id, run.run_id)}, {"$set": doc}, upsert=True)
 
 
 def _step_ops(steps: Sequence[StepRecord]) -> list[Any]:
@@ -482,6 +499,31 @@ class MongoStepStore:
             )
             return [_step(doc) async for doc in cursor]
 
+    async def list_companies(self) -> list[str]:
+        async with _translated("list_companies"):
+            return sorted(await self._conn["runs"].distinct("company_id"))
+
+    async def mark_deep_pruned(self, company_id: str, run_ids: Sequence[str], at: str) -> int:
+        changed = 0
+        async with _translated("mark_deep_pruned"):
+            for run_id in dict.fromkeys(run_ids):
+                result = await self._conn["runs"].update_one(
+                    {"_id": row_id(company_id, run_id), "deep_pruned_at": None}, {"$set": {"deep_pruned_at": at}}
+                )
+                changed += result.modified_count
+        return changed
+
+    async def delete_runs(self, company_id: str, run_ids: Sequence[str]) -> int:
+        gone = 0
+        async with _translated("delete_runs"):
+            for run_id in dict.fromkeys(run_ids):
+                # The run record last: a pass killed midway finds the run again next time.
+                await self._conn["run_steps"].delete_many({"company_id": company_id, "run_id": run_id})
+                await self._conn["run_state"].delete_one({"_id": row_id(company_id, run_id)})
+                result = await self._conn["runs"].delete_one({"_id": row_id(company_id, run_id)})
+                gone += result.deleted_count
+        return gone
+
     async def close(self) -> None:
         await self._conn.close()
 
@@ -492,10 +534,11 @@ class MongoDeepStore:
 
     capabilities = CAPABILITIES
 
-    def __init__(self, url: str, limits: Limits | None = None) -> None:
+    def __init__(self, url: str, limits: Limits | None = None, *, clock: Clock = time.time) -> None:
         self._conn = _Connection(url)
         self._limits = limits
         self.on_clip: ClipHook | None = None  # set by open_deep_store; counts clips at the port
+        self._clock = clock
         self._write_lock = asyncio.Lock()
 
     @property
@@ -517,7 +560,25 @@ class MongoDeepStore:
         if not deeps:
             return
         deeps = clip_batch(deeps, self._limits, self.on_clip)
+        received = now_text(self._clock)
         async with self._write_lock, _translated("write run_step_details"):
+            # The bodies of runs marked pruned are dropped; the index moves before the
+            # bodies land, so a prune that ranked the run before this write misses it.
+            pruned = await self._pruned(list(dict.fromkeys((d.company_id, d.run_id) for d in deeps)))
+            if pruned:
+                deeps = [d for d in deeps if (d.company_id, d.run_id) not in pruned]
+                if not deeps:
+                    return
+            index_ops = [
+                UpdateOne(
+                    {"_id": row_id(c, r)},
+                    {"$max": {"rank": rank, "last_ts": last, "received_at": received}, "$inc": {"version": 1},
+                     "$setOnInsert": {"company_id": c, "run_id": r}},
+                    upsert=True,
+                )  # fmt: skip
+                for (c, r), (last, rank) in batch_ranks(deeps, received).items()
+            ]
+            await self._conn.bulk("deep_runs", index_ops)
             stored = await self._stored_reasoning(deeps)
             current = dict(stored)
             # The batch's writes to a row coalesce into one $set, applied in order:
@@ -566,8 +627,20 @@ class MongoDeepStore:
         docs = await asyncio.gather(*(collection.find_one({"_id": row_id(*key)}, projection) for key in wanted))
         return {key: doc.get("reasoning") for key, doc in zip(wanted, docs, strict=True) if doc is not None}
 
+    async def _pruned(self, keys: Sequence[RunKey]) -> set[RunKey]:
+        """Those runs whose index entry is marked pruned (one ``_id`` lookup each)."""
+        if not keys:
+            return set()
+        collection = self._conn["deep_runs"]
+        docs = await asyncio.gather(
+            *(collection.find_one({"_id": row_id(*key)}, {"_id": 0, "pruned_at": 1}) for key in keys)
+        )
+        return {key for key, doc in zip(keys, docs, strict=True) if doc is not None and doc.get("pruned_at")}
+
     async def get_deep(self, company_id: str, run_id: str) -> list[DeepRecord]:
         async with _translated("get_deep"):
+            if await self._pruned([(company_id, run_id)]):
+                return []
             cursor = (
                 self._conn["run_step_details"]
                 .find({"company_id": company_id, "run_id": run_id}, _NO_ID)
@@ -577,7 +650,67 @@ class MongoDeepStore:
 
     async def list_deep_runs(self, company_id: str) -> list[tuple[str, str]]:
         async with _translated("list_deep_runs"):
-            return await self._deep_runs(company_id)
+            pruned = {r for r, e in (await self._entries(company_id)).items() if e.pruned_at is not None}
+            return [(r, ts) for r, ts in await self._deep_runs(company_id) if r not in pruned]
+
+    async def _entries(self, company_id: str) -> dict[str, IndexEntry]:
+        entries = {}
+        async for doc in self._conn["deep_runs"].find({"company_id": company_id}, _NO_ID):
+            entries[doc["run_id"]] = IndexEntry(
+                company_id=company_id, run_id=doc["run_id"], rank=doc.get("rank", ""), last_ts=doc.get("last_ts", ""),
+                received_at=doc.get("received_at", ""), version=int(doc.get("version", 0)),
+                pruned_at=doc.get("pruned_at"),
+            )  # fmt: skip
+        return entries
+
+    async def _bodies(self, company_id: str) -> dict[str, tuple[int, str]]:
+        bodies: dict[str, tuple[int, str]] = {}
+        cursor = self._conn["run_step_details"].find({"company_id": company_id}, {"_id": 0, "run_id": 1, "ts": 1})
+        async for doc in cursor:
+            count, last = bodies.get(doc["run_id"], (0, ""))
+            bodies[doc["run_id"]] = (count + 1, max(last, doc["ts"]))
+        return bodies
+
+    async def list_companies(self) -> list[str]:
+        async with _translated("list_companies"):
+            found = set(await self._conn["deep_runs"].distinct("company_id"))
+            found.update(await self._conn["run_step_details"].distinct("company_id"))
+        return sorted(found)
+
+    async def retention_index(self, company_id: str) -> list[DeepRun]:
+        async with _translated("retention_index"):
+            # Entries first: a write in between bumps the version, which a later mark then sees.
+            entries = await self._entries(company_id)
+            return merge_index(entries, await self._bodies(company_id))
+
+    async def mark_pruned(self, company_id: str, runs: Sequence[tuple[str, int]], at: str) -> list[str]:
+        marked = []
+        collection = self._conn["deep_runs"]
+        async with _translated("mark_pruned"):
+            for run_id, version in runs:
+                _id = row_id(company_id, run_id)
+                if version == 0:
+                    insert = {"company_id": company_id, "run_id": run_id, "rank": "", "last_ts": "",
+                              "received_at": "", "version": 0, "pruned_at": at}  # fmt: skip
+                    result = await collection.update_one({"_id": _id}, {"$setOnInsert": insert}, upsert=True)
+                    done = result.upserted_id is not None
+                else:
+                    result = await collection.update_one(
+                        {"_id": _id, "version": version, "pruned_at": None}, {"$set": {"pruned_at": at}}
+                    )
+                    done = result.modified_count == 1
+                if done:
+                    marked.append(run_id)
+        return marked
+
+    async def delete_pruned(self, company_id: str, run_ids: Sequence[str]) -> int:
+        keys = [(company_id, r) for r in dict.fromkeys(run_ids)]
+        gone = 0
+        async with _translated("delete_pruned"):
+            for key in await self._pruned(keys):
+                result = await self._conn["run_step_details"].delete_many({"company_id": key[0], "run_id": key[1]})
+                gone += result.deleted_count
+        return gone
 
     async def _deep_runs(self, company_id: str) -> list[tuple[str, str]]:
         last: dict[str, str] = {}
@@ -591,20 +724,18 @@ class MongoDeepStore:
     async def purge_run(self, company_id: str, run_id: str) -> int:
         async with _translated("purge_run"):
             result = await self._conn["run_step_details"].delete_many({"company_id": company_id, "run_id": run_id})
+            await self._conn["deep_runs"].delete_one({"_id": row_id(company_id, run_id), "pruned_at": None})
         return result.deleted_count
 
     async def purge_company(self, company_id: str) -> int:
         async with _translated("purge_company"):
             result = await self._conn["run_step_details"].delete_many({"company_id": company_id})
+            await self._conn["deep_runs"].delete_many({"company_id": company_id, "pruned_at": None})
         return result.deleted_count
 
     async def prune(self, company_id: str, keep: int) -> list[str]:
         check_keep(keep)
-        async with self._write_lock, _translated("prune"):
-            dropped = [run_id for run_id, _ in (await self._deep_runs(company_id))[keep:]]
-            if dropped:
-                await self._conn["run_step_details"].delete_many({"company_id": company_id, "run_id": {"$in": dropped}})
-        return dropped
+        return await prune_via_marks(self, company_id, keep, now_text(self._clock))
 
     async def close(self) -> None:
         await self._conn.close()

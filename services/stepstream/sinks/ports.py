@@ -7,7 +7,9 @@ Three small Protocols, each satisfied by every backend (``memory``, ``files``,
   fold state (:class:`~stepstream.core.records.RunState`).
 * :class:`DeepStore` holds the unredacted bodies (it holds secrets, by design).
 * :class:`RetentionStore` is the part of the deep store that retention and purge
-  use; every ``DeepStore`` backend satisfies it too.
+  use; every ``DeepStore`` backend satisfies it too. Its retention index
+  (:class:`DeepRun`) ranks runs for the compactor, and its prune marks are what
+  make a pass that dies midway converge on the next one.
 
 **Company scope.** Every read and every purge takes ``company_id`` and never
 returns or touches a row of another company, also when two companies use the
@@ -142,6 +144,24 @@ class StepStore(Protocol):
         """The run's steps in ordinal (``step_seq``) order, whatever the write order."""
         ...
 
+    # -- the compactor's calls (issue 11) ---------------------------------------
+
+    async def list_companies(self) -> list[str]:
+        """Every company with a run record, sorted."""
+        ...
+
+    async def mark_deep_pruned(self, company_id: str, run_ids: Sequence[str], at: str) -> int:
+        """Set ``RunRecord.deep_pruned_at`` to ``at`` on those runs' records where it
+        is not set yet; returns how many records changed. Run records written later
+        keep it (a record written with ``deep_pruned_at=None`` keeps the stored one);
+        a run without a record is skipped."""
+        ...
+
+    async def delete_runs(self, company_id: str, run_ids: Sequence[str]) -> int:
+        """Delete those runs whole from this store: steps, run record and state
+        (step retention); returns how many runs had a run record."""
+        ...
+
     async def close(self) -> None: ...
 
 
@@ -158,18 +178,74 @@ class RetentionStore(Protocol):
         ...
 
     async def purge_run(self, company_id: str, run_id: str) -> int:
-        """Delete one run's bodies; returns how many rows went (0 when repeated)."""
+        """Delete one run's bodies; returns how many rows went (0 when repeated).
+        Steps, run records and states are never touched. The run's index entry goes
+        too unless it is marked pruned (a pruned run keeps refusing bodies); an
+        unpruned run that is written again later holds the new bodies only.
+        ``stepstream purge`` and the read API's purge routes call this."""
         ...
 
     async def purge_company(self, company_id: str) -> int:
-        """Delete every body of the company; returns how many rows went."""
+        """Delete every body of the company; returns how many rows went. Same rules
+        as :meth:`purge_run`, for each run of the company."""
         ...
 
     async def prune(self, company_id: str, keep: int) -> list[str]:
-        """Drop the bodies of all but the newest ``keep`` runs of the company,
-        whole runs only, in one transaction where the backend has them. Returns the
-        run ids dropped, newest first."""
+        """Drop the bodies of all but the ``keep`` runs of the company ranked
+        newest by :attr:`DeepRun.rank`, whole runs only: :meth:`mark_pruned` then
+        :meth:`delete_pruned` (the compactor makes the same two calls, with the run
+        record marked in between). Returns the run ids dropped, newest first."""
         ...
+
+    # -- the compactor's calls (issue 11); ``purge_run`` / ``purge_company`` above are
+    # -- also what ``stepstream purge`` and the read API's purge routes call.
+
+    async def list_companies(self) -> list[str]:
+        """Every company with a run in the retention index or a body, sorted."""
+        ...
+
+    async def retention_index(self, company_id: str) -> list[DeepRun]:
+        """Every run of the company holding bodies or pruned, highest ``rank`` first
+        (ties: larger ``run_id`` first). A run holding bodies written before the
+        index existed is listed with ``rank`` = ``last_ts`` and ``version`` 0."""
+        ...
+
+    async def mark_pruned(self, company_id: str, runs: Sequence[tuple[str, int]], at: str) -> list[str]:
+        """Mark each ``(run_id, version)`` pruned at ``at``, only if its index entry
+        still has that ``version`` (no write since it was ranked) and is not marked
+        yet; version 0 marks a run with no entry. From the mark on, ``get_deep`` of
+        the run is empty and ``write`` drops its bodies. Returns the runs marked by
+        this call, in the order given. Atomic per run."""
+        ...
+
+    async def delete_pruned(self, company_id: str, run_ids: Sequence[str]) -> int:
+        """Delete the bodies of those runs that are marked pruned (others are left
+        alone); returns how many rows went. Repeating it is harmless: this is how a
+        pass killed between the mark and the delete is finished."""
+        ...
+
+
+class DeepRun(msgspec.Struct, frozen=True, kw_only=True):
+    """One run in the deep store's retention index (:meth:`RetentionStore.retention_index`).
+
+    ``rank`` is what retention orders runs by: the largest ``min(row ts, received)``
+    over the writes that stored bodies for it, where *received* is the store's clock
+    at that write. An agent clock running ahead cannot lift a run above the time its
+    bodies arrived, and a backfill of old runs keeps their own (older) order.
+    ``version`` grows with every write that stored bodies for the run (0: a run
+    whose bodies predate the index), so a conditional prune can tell that the run
+    moved since it was ranked. ``pruned_at`` is set once retention dropped its
+    bodies: from then on the run holds none (``get_deep`` is empty, later bodies are
+    refused). ``bodies`` counts the rows held now; a pruned run holding some was
+    caught mid-pass and is finished by :meth:`RetentionStore.delete_pruned`."""
+
+    run_id: str
+    rank: str
+    last_ts: str
+    received_at: str
+    version: int
+    bodies: int
+    pruned_at: str | None = None
 
 
 @runtime_checkable

@@ -19,6 +19,10 @@ Schema (created if missing; columns mirror the record fields)::
                       PRIMARY KEY (company_id, run_id, step_seq) (a rowid table:
                       bodies are large), index run_step_details_recency
                       (company_id, run_id, ts) that also covers list_deep_runs
+    deep_runs         PRIMARY KEY (company_id, run_id), WITHOUT ROWID: the retention
+                      index (rank, last_ts, received_at, version, pruned_at;
+                      ``sinks.retention``), upserted in the same transaction as
+                      the bodies, after the check that drops bodies of pruned runs
 
 **Writes** are ``executemany`` upserts with prepared statements, one
 ``BEGIN IMMEDIATE`` transaction per ``write`` call on a dedicated writer
@@ -59,6 +63,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sqlite3
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
@@ -67,7 +72,8 @@ import msgspec
 from stepstream.core.limits import Limits
 from stepstream.core.records import DeepRecord, RunRecord, RunState, StepRecord
 from stepstream.errors import ConfigError, SinkError, SinkUnavailable
-from stepstream.sinks.ports import Capabilities, RunsPage
+from stepstream.sinks.ports import Capabilities, DeepRun, RunsPage
+from stepstream.sinks.retention import Clock, IndexEntry, batch_ranks, merge_index, now_text, prune_via_marks
 from stepstream.sinks.semantics import (
     ClipHook,
     RunKey,
@@ -151,6 +157,16 @@ CREATE TABLE IF NOT EXISTS run_step_details (
   PRIMARY KEY (company_id, run_id, step_seq)
 );
 CREATE INDEX IF NOT EXISTS run_step_details_recency ON run_step_details (company_id, run_id, ts);
+CREATE TABLE IF NOT EXISTS deep_runs (
+  company_id TEXT NOT NULL,
+  run_id TEXT NOT NULL,
+  rank TEXT NOT NULL,
+  last_ts TEXT NOT NULL,
+  received_at TEXT NOT NULL,
+  version INTEGER NOT NULL,
+  pruned_at TEXT,
+  PRIMARY KEY (company_id, run_id)
+) WITHOUT ROWID;
 """
 
 
@@ -165,7 +181,13 @@ def _upsert(table: str, cols: Sequence[str], key: Sequence[str], merge: Callable
 _UPSERT_STEP = _upsert(
     "run_steps", _STEP_COLS, _KEY3, lambda c: "excluded.kind" if c == "kind" else f"coalesce(excluded.{c}, {c})"
 )
-_UPSERT_RUN = _upsert("runs", (*_RUN_COLS, "recency"), _KEY2, lambda c: f"excluded.{c}")
+# A run record replaces whole, except the compactor's mark, which a worker's write (None) keeps.
+_UPSERT_RUN = _upsert(
+    "runs",
+    (*_RUN_COLS, "recency"),
+    _KEY2,
+    lambda c: f"coalesce(excluded.{c}, {c})" if c == "deep_pruned_at" else f"excluded.{c}",
+)
 _UPSERT_STATE = _upsert("run_state", (*_KEY2, "state"), _KEY2, lambda c: f"excluded.{c}")
 
 
@@ -392,9 +414,6 @@ class _Database:
 
 _SELECT_STEPS = f"SELECT {', '.join(_STEP_COLS)} FROM run_steps WHERE company_id = ? AND run_id = ? ORDER BY step_seq"
 _SELECT_RUN = f"SELECT {', '.join(_RUN_COLS)} FROM runs"
-_SELECT_DEEP = (
-    f"SELECT {', '.join(_DEEP_COLS)} FROM run_step_details WHERE company_id = ? AND run_id = ? ORDER BY step_seq"
-)
 _RUN_BOOLS = tuple(f.name for f in msgspec.structs.fields(RunRecord) if f.type is bool)
 
 
@@ -455,7 +474,22 @@ class SqliteStepStore:
 
     async def open(self) -> SqliteStepStore:
         await self._db.open(step_schema())
+        await self._add_missing_columns()
         return self
+
+    async def _add_missing_columns(self) -> None:
+        """A file made before a RunRecord field existed gets its column (nullable)."""
+        have = {row[1] for row in await self._db.fetch("PRAGMA table_info(runs)", ())}
+        missing = [c for c in _RUN_COLS if c not in have]
+        if missing:
+            types = {f.name: _SQL_TYPES.get(f.type, "TEXT") for f in msgspec.structs.fields(RunRecord)}
+            statements = "".join(f"ALTER TABLE runs ADD COLUMN {c} {types[c]};\n" for c in missing)
+            conn = self._db.writer
+            assert conn is not None
+            try:
+                await conn.executescript(f"BEGIN IMMEDIATE;\n{statements}COMMIT;")
+            except sqlite3.Error as exc:
+                raise _error(exc, "add columns to runs") from exc
 
     async def write(
         self,
@@ -515,6 +549,35 @@ class SqliteStepStore:
     async def get_steps(self, company_id: str, run_id: str) -> list[StepRecord]:
         return [_step(r) for r in await self._db.fetch(_SELECT_STEPS, (company_id, run_id))]
 
+    async def list_companies(self) -> list[str]:
+        return [c for (c,) in await self._db.fetch("SELECT DISTINCT company_id FROM runs ORDER BY company_id", ())]
+
+    async def mark_deep_pruned(self, company_id: str, run_ids: Sequence[str], at: str) -> int:
+        if not run_ids:
+            return 0
+
+        async def body(conn: aiosqlite.Connection) -> int:
+            cursor = await conn.executemany(
+                "UPDATE runs SET deep_pruned_at = ? WHERE company_id = ? AND run_id = ? AND deep_pruned_at IS NULL",
+                [(at, company_id, r) for r in dict.fromkeys(run_ids)],
+            )
+            return cursor.rowcount
+
+        return await self._db.transaction(body)
+
+    async def delete_runs(self, company_id: str, run_ids: Sequence[str]) -> int:
+        if not run_ids:
+            return 0
+        keys = [(company_id, r) for r in dict.fromkeys(run_ids)]
+
+        async def body(conn: aiosqlite.Connection) -> int:
+            for table in ("run_steps", "run_state"):
+                await conn.executemany(f"DELETE FROM {table} WHERE company_id = ? AND run_id = ?", keys)
+            cursor = await conn.executemany("DELETE FROM runs WHERE company_id = ? AND run_id = ?", keys)
+            return cursor.rowcount
+
+        return await self._db.transaction(body)
+
     async def close(self) -> None:
         await self._db.close()
 
@@ -531,10 +594,12 @@ class SqliteDeepStore:
         *,
         synchronous: str = SYNCHRONOUS,
         busy_timeout_ms: int = BUSY_TIMEOUT_MS,
+        clock: Clock = time.time,
     ) -> None:
         self._db = _Database(path, synchronous, busy_timeout_ms)
         self._limits = limits
         self.on_clip: ClipHook | None = None  # set by open_deep_store; counts clips at the port
+        self._clock = clock
 
     @property
     def durability(self) -> str:
@@ -549,23 +614,93 @@ class SqliteDeepStore:
         if not deeps:
             return
         clipped = clip_batch(deeps, self._limits, self.on_clip)
+        received = now_text(self._clock)
 
         async def body(conn: aiosqlite.Connection) -> None:
-            await _write_rows(conn, "run_step_details", _UPSERT_DEEP, deep_params, clipped)
+            # Inside BEGIN IMMEDIATE: the tombstone check, the index and the rows are one step.
+            keys = list(dict.fromkeys((d.company_id, d.run_id) for d in clipped))
+            pruned = await _pruned_keys(conn, keys)
+            kept = [d for d in clipped if (d.company_id, d.run_id) not in pruned] if pruned else clipped
+            if not kept:
+                return
+            ranks = [(c, r, rank, last, received) for (c, r), (last, rank) in batch_ranks(kept, received).items()]
+            await _write_rows(conn, "deep_runs", _UPSERT_INDEX, list, ranks)
+            await _write_rows(conn, "run_step_details", _UPSERT_DEEP, deep_params, kept)
 
         await self._db.transaction(body)
 
     async def get_deep(self, company_id: str, run_id: str) -> list[DeepRecord]:
-        return [_deep(r) for r in await self._db.fetch(_SELECT_DEEP, (company_id, run_id))]
+        return [_deep(r) for r in await self._db.fetch(_SELECT_LIVE_DEEP, (company_id, run_id))]
 
     async def list_deep_runs(self, company_id: str) -> list[tuple[str, str]]:
         rows = await self._db.fetch(_LIST_DEEP_RUNS, (company_id,))
         return [(run_id, ts) for run_id, ts in rows]
 
+    async def list_companies(self) -> list[str]:
+        rows = await self._db.fetch(
+            "SELECT company_id FROM deep_runs UNION SELECT company_id FROM run_step_details ORDER BY 1", ()
+        )
+        return [c for (c,) in rows]
+
+    async def retention_index(self, company_id: str) -> list[DeepRun]:
+        # One statement: one snapshot of the index and the bodies.
+        rows = await self._db.fetch(_RETENTION_INDEX, (company_id,))
+        entries: dict[str, IndexEntry] = {}
+        bodies: dict[str, tuple[int, str]] = {}
+        for run_id, rank, last_ts, received_at, version, pruned_at, count, last in rows:
+            if count is None:
+                entries[run_id] = IndexEntry(company_id=company_id, run_id=run_id, rank=rank, last_ts=last_ts,
+                                             received_at=received_at, version=version, pruned_at=pruned_at)  # fmt: skip
+            else:
+                bodies[run_id] = (count, last)
+        return merge_index(entries, bodies)
+
+    async def mark_pruned(self, company_id: str, runs: Sequence[tuple[str, int]], at: str) -> list[str]:
+        if not runs:
+            return []
+
+        async def body(conn: aiosqlite.Connection) -> list[str]:
+            marked = []
+            for run_id, version in runs:
+                if version == 0:
+                    cursor = await conn.execute(
+                        "INSERT INTO deep_runs (company_id, run_id, rank, last_ts, received_at, version, pruned_at) "
+                        "VALUES (?, ?, '', '', '', 0, ?) ON CONFLICT (company_id, run_id) DO NOTHING",
+                        (company_id, run_id, at),
+                    )
+                else:
+                    cursor = await conn.execute(
+                        "UPDATE deep_runs SET pruned_at = ? WHERE company_id = ? AND run_id = ? "
+                        "AND version = ? AND pruned_at IS NULL",
+                        (at, company_id, run_id, version),
+                    )
+                if cursor.rowcount == 1:
+                    marked.append(run_id)
+            return marked
+
+        return await self._db.transaction(body)
+
+    async def delete_pruned(self, company_id: str, run_ids: Sequence[str]) -> int:
+        if not run_ids:
+            return 0
+
+        async def body(conn: aiosqlite.Connection) -> int:
+            cursor = await conn.executemany(
+                "DELETE FROM run_step_details WHERE company_id = ?1 AND run_id = ?2 AND EXISTS (SELECT 1 FROM "
+                "deep_runs WHERE company_id = ?1 AND run_id = ?2 AND pruned_at IS NOT NULL)",
+                [(company_id, r) for r in dict.fromkeys(run_ids)],
+            )
+            return cursor.rowcount
+
+        return await self._db.transaction(body)
+
     async def purge_run(self, company_id: str, run_id: str) -> int:
         async def body(conn: aiosqlite.Connection) -> int:
             cursor = await conn.execute(
                 "DELETE FROM run_step_details WHERE company_id = ? AND run_id = ?", (company_id, run_id)
+            )
+            await conn.execute(
+                "DELETE FROM deep_runs WHERE company_id = ? AND run_id = ? AND pruned_at IS NULL", (company_id, run_id)
             )
             return cursor.rowcount
 
@@ -574,35 +709,56 @@ class SqliteDeepStore:
     async def purge_company(self, company_id: str) -> int:
         async def body(conn: aiosqlite.Connection) -> int:
             cursor = await conn.execute("DELETE FROM run_step_details WHERE company_id = ?", (company_id,))
+            await conn.execute("DELETE FROM deep_runs WHERE company_id = ? AND pruned_at IS NULL", (company_id,))
             return cursor.rowcount
 
         return await self._db.transaction(body)
 
     async def prune(self, company_id: str, keep: int) -> list[str]:
         check_keep(keep)
-
-        async def body(conn: aiosqlite.Connection) -> list[str]:
-            # Ranking and deleting in one transaction: no write can land in between,
-            # so no surviving run is torn and no dropped run is half-gone.
-            ranked = await conn.execute_fetchall(_LIST_DEEP_RUNS, (company_id,))
-            dropped = [run_id for run_id, _ in list(ranked)[keep:]]
-            if dropped:
-                await conn.executemany(
-                    "DELETE FROM run_step_details WHERE company_id = ? AND run_id = ?",
-                    [(company_id, run_id) for run_id in dropped],
-                )
-            return dropped
-
-        return await self._db.transaction(body)
+        return await prune_via_marks(self, company_id, keep, now_text(self._clock))
 
     async def close(self) -> None:
         await self._db.close()
 
 
+_NOT_PRUNED = (
+    "NOT EXISTS (SELECT 1 FROM deep_runs AS p WHERE p.company_id = ?1 AND p.run_id = ?2 AND p.pruned_at IS NOT NULL)"
+)
+_SELECT_LIVE_DEEP = (
+    f"SELECT {', '.join(_DEEP_COLS)} FROM run_step_details WHERE company_id = ?1 AND run_id = ?2 "
+    f"AND {_NOT_PRUNED} ORDER BY step_seq"
+)
 _LIST_DEEP_RUNS = (
-    "SELECT run_id, max(ts) AS last FROM run_step_details WHERE company_id = ? "
+    "SELECT run_id, max(ts) AS last FROM run_step_details WHERE company_id = ?1 AND run_id NOT IN "
+    "(SELECT run_id FROM deep_runs WHERE company_id = ?1 AND pruned_at IS NOT NULL) "
     "GROUP BY run_id ORDER BY last DESC, run_id DESC"
 )
+_RETENTION_INDEX = (
+    "SELECT run_id, rank, last_ts, received_at, version, pruned_at, NULL, NULL FROM deep_runs WHERE company_id = ?1 "
+    "UNION ALL SELECT run_id, NULL, NULL, NULL, NULL, NULL, count(*), max(ts) FROM run_step_details "
+    "WHERE company_id = ?1 GROUP BY run_id"
+)
+_UPSERT_INDEX = (
+    "INSERT INTO deep_runs (company_id, run_id, rank, last_ts, received_at, version) VALUES (?, ?, ?, ?, ?, 1) "
+    "ON CONFLICT (company_id, run_id) DO UPDATE SET rank = max(rank, excluded.rank), "
+    "last_ts = max(last_ts, excluded.last_ts), received_at = max(received_at, excluded.received_at), "
+    "version = version + 1"
+)
+
+
+async def _pruned_keys(conn: aiosqlite.Connection, keys: Sequence[RunKey]) -> set[RunKey]:
+    """Those runs that are marked pruned (one primary-key search per key)."""
+    found: set[RunKey] = set()
+    for size, params in _key_chunks(keys):
+        values = ", ".join(["(?, ?)"] * size)
+        rows = await conn.execute_fetchall(
+            f"WITH k(company_id, run_id) AS (VALUES {values}) SELECT d.company_id, d.run_id "
+            "FROM k CROSS JOIN deep_runs AS d USING (company_id, run_id) WHERE d.pruned_at IS NOT NULL",
+            params,
+        )
+        found.update((c, r) for c, r in rows)
+    return found
 
 
 def sqlite_path(url: str) -> str:
