@@ -607,23 +607,7 @@ class FileDeepStore:
             raise _as_sink_error(exc) from exc
 
     def _rewrite_without(self, drop: set[RunKey]) -> None:
-        path = self._dir.root / DEEP_FILE
-        tmp = path.with_name(f".{DEEP_FILE}.{os.getpid()}.tmp")
-        with open(path, "rb") as src, open(tmp, "wb") as dst:
-            for line in src:
-                if not line.endswith(b"\n"):
-                    break  # a torn tail: garbage that no reader ever folded
-                try:
-                    key = _key_decoder.decode(line)
-                except msgspec.DecodeError:
-                    continue
-                if (key.company_id, key.run_id) not in drop:
-                    dst.write(line)
-            dst.flush()
-            os.fsync(dst.fileno())
-        os.replace(tmp, path)
-        if self._dir.fsync:
-            fsync_directory(self._dir.root)
+        rewrite_without(self._dir.root, DEEP_FILE, drop, self._dir.fsync)
 
     async def close(self) -> None:
         with self._dir.mutex:
