@@ -274,7 +274,13 @@ def build_bundle(
 def _files(b: _Builder, run: RunRecord, company_id: str, created_at: str, failure: dict[str, Any] | None) -> Bundle:
     files: dict[str, bytes] = {}
     files["manifest.json"] = _json(_manifest(b, created_at, failure))
-    lines = [json.dumps(e, ensure_ascii=False, separators=(",", ":"), allow_nan=False) for e in b.events]
+    # U+2028 and U+2029 (only ever inside strings) escaped: readers that split on them still see one line.
+    lines = [
+        json.dumps(e, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+        .replace("\u2028", "\\u2028")
+        .replace("\u2029", "\\u2029")
+        for e in b.events
+    ]
     files["events.jsonl"] = ("".join(line + "\n" for line in lines)).encode("utf-8")
     files["redactions.json"] = _json({"schema_version": "0.1", "entries": b.redactions})
     completeness = "running" if run.status == "running" else ("truncated" if run.dropped_steps else "complete")
