@@ -87,7 +87,51 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.add_argument("--log-level", help="debug, info, warning, error [warning]")
     _api_commands(sub)
+    _bundle_commands(sub)
     return parser
+
+
+def _bundle_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """``export`` and ``verify``: the ``.sftrace`` bundle (docs/bundle.md)."""
+    p = sub.add_parser("export", help="write one run as a .sftrace bundle (docs/bundle.md)")
+    _sinks(p)
+    p.add_argument("--company", required=True, help="the company")
+    p.add_argument("--run", required=True, help="the run id")
+    p.add_argument("-o", "--out", required=True, type=Path,
+                   help="the bundle directory (ending .sftrace), or a directory to write <run>.sftrace into")  # fmt: skip
+    p.add_argument("--log-level", help="debug, info, warning, error [warning]")
+    p = sub.add_parser("verify", help="check a .sftrace bundle: exit 0 verified, 3 mismatch, 4 invalid, 5 unverified_legacy")
+    p.add_argument("bundle", type=Path, help="the .sftrace directory")
+    p.add_argument("--log-level", help="debug, info, warning, error [warning]")
+
+
+def _run_export(settings: Settings, args: argparse.Namespace) -> int:
+    from stepstream.bundle.build import BundleRefused
+    from stepstream.bundle.export import export_run
+    from stepstream.core.canonical import CanonicalError
+
+    try:
+        path, bundle = asyncio.run(export_run(settings.steps_sink, settings.deep, args.company, args.run, args.out))
+    except BundleRefused as exc:
+        print(f"stepstream export: refused ({exc.reason}): {exc}", file=sys.stderr)
+        return 3
+    except CanonicalError as exc:
+        print(f"stepstream export: run {args.run} holds a value outside JSON: {exc}", file=sys.stderr)
+        return 4
+    except FileExistsError as exc:
+        print(f"stepstream export: {exc}", file=sys.stderr)
+        return 2
+    print(f"wrote {path}: {bundle.events} events, {bundle.redactions} redactions, {bundle.clipped} clipped bodies")
+    return 0
+
+
+def _run_verify(args: argparse.Namespace) -> int:
+    from stepstream.bundle.verify import verify_bundle
+
+    verdict = verify_bundle(args.bundle)
+    where = f" ({verdict.file})" if verdict.file and verdict.status != "verified" else ""
+    print(f"{verdict.status}{where}: {verdict.message}", file=sys.stdout if verdict.status == "verified" else sys.stderr)
+    return verdict.exit_code
 
 
 def _api_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -199,6 +243,10 @@ def main(argv: list[str] | None = None) -> int:
             from stepstream.compactor.service import run_compactor
 
             return asyncio.run(run_compactor(settings, once=args.once))
+        if args.command == "export":
+            return _run_export(settings, args)
+        if args.command == "verify":
+            return _run_verify(args)
         if args.command == "purge":
             from stepstream.compactor.purge import purge
 
