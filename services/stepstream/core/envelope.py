@@ -40,9 +40,10 @@ def _label(text: str) -> str:
     return clip(text, LABEL_CHARS)[0]
 
 
-def envelope(event: Any, limits: Limits) -> dict[str, Any]:
-    """The bounded envelope of ``event`` (module docstring)."""
-    env: dict[str, Any] = {"id": event.event_id, "type": type(event).__struct_config__.tag, "seq": event.seq, "ts": format_ts(event.ts)}
+def envelope(event: Any, limits: Limits, at: str | None = None) -> dict[str, Any]:
+    """The bounded envelope of ``event`` (module docstring); ``at``: its ts, formatted already."""
+    ts = format_ts(event.ts) if at is None else at
+    env: dict[str, Any] = {"id": event.event_id, "type": type(event).__struct_config__.tag, "seq": event.seq, "ts": ts}
     parent = event.parent_id
     if parent is not None and 0 < len(parent) <= _MAX_ID:
         env["parent_id"] = parent

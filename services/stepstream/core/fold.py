@@ -644,7 +644,7 @@ class RunFold:
         body, cut = clip(text, self.limits.reasoning_chars)
         out.deeps.append(DeepRecord(company_id=self.company_id, run_id=self.run_id, step_seq=ordinal,
                                     kind="thinking", ts=at, reasoning=body, clipped=cut,
-                                    call_event=envelope(event, self.limits)))  # fmt: skip
+                                    call_event=envelope(event, self.limits, at)))  # fmt: skip
         if cut:
             out.clipped.append("reasoning")
         out.steps.append(

@@ -69,7 +69,7 @@ def _rows(step: StepRecord, at: str, field: str, raw: Any, cap: int, env: tuple[
 def opening_rows(event: Any, company_id: str, run_id: str, ordinal: int, at: str, limits: Limits) -> Rows:
     """The rows of a call, a state change or an error (``at``: its formatted ts)."""
     p = event.payload
-    env = ("call_event", envelope(event, limits))
+    env = ("call_event", envelope(event, limits, at))
     base: dict[str, Any] = {"company_id": company_id, "run_id": run_id, "step_seq": ordinal, "started_at": at}
     if type(event) is wire.ToolCall:
         step = StepRecord(**base, kind="tool", label=scrub(p.tool), status="running", call_id=scrub(p.call_id),
@@ -103,7 +103,7 @@ def result_rows(
     extra: dict[str, Any] = {} if matched else {"label": "unmatched result", "started_at": at}
     step = StepRecord(company_id=company_id, run_id=run_id, step_seq=ordinal, kind=kind, status=status,
                       call_id=scrub(p.call_id), output_shape=shape(p.output), ended_at=at, **extra)  # fmt: skip
-    return _rows(step, at, "output", p.output, limits.output_chars, ("result_event", envelope(event, limits)))
+    return _rows(step, at, "output", p.output, limits.output_chars, ("result_event", envelope(event, limits, at)))
 
 
 def thinking_step(
