@@ -49,7 +49,9 @@ def _varied_run(run: str = "r1", *, status: str = "failed") -> list:
     s("tool_call", call_id="t2", tool="fail", arguments={})
     s("tool_result", call_id="t2", output={"error": "boom"}, is_error=True)
     s("state_change", key="cursor", value={"page": 2, "list": [1, 2.5, None, True]})
-    s("error", message="upstream timed out", kind="timeout")
+    s("state_change", key="session_token", value=CANARY)
+    s("tool_call", call_id="t3", tool=f"login-{GH_TOKEN}", arguments={"user": "bob"})
+    s("error", message=f"upstream timed out with {AWS_KEY}", kind=f"err {GH_TOKEN}")
     if status == "failed":
         s("run_end", status="failed", failure={"type": "ToolError", "message": "gave up"})
     elif status == "completed":
@@ -142,6 +144,7 @@ def test_no_secret_in_any_file(tmp_path: Path) -> None:
     assert entries and all(e["replacement"] == "[REDACTED]" for e in entries)
     paths = {e["path"] for e in entries}
     assert "/input/password" in paths and "/input/token" in paths and "/input/url" in paths
+    assert {"/after", "/name", "/error_type", "/message"} <= paths
     assert "[redacted]" not in bundle.files["events.jsonl"].decode()
 
 

@@ -26,7 +26,7 @@ from typing import Any, NamedTuple
 
 from stepstream.core.canonical import CanonicalError, payload_hash
 from stepstream.core.records import DeepRecord, RunRecord
-from stepstream.core.redact import REDACTED, redact
+from stepstream.core.redact import REDACTED, is_sensitive_key, mask_credentials, redact
 
 __all__ = [
     "BUNDLE_REDACTED",
@@ -105,19 +105,33 @@ class _Builder:
         self.events.append(event)
         return event
 
+    def labels(self, event: dict[str, Any], *fields: str) -> None:
+        """Mask credentials in free-text fields the agent named (tool, provider, model,
+        key, error type); each masked one is listed in ``redactions.json``."""
+        for field in fields:
+            text = event.get(field)
+            if isinstance(text, str):
+                shown = mask_credentials(text)
+                if shown != text:
+                    event[field] = _spell(shown)
+                    self._record(event, f"/{field}", "credential")
+
+    def _record(self, event: dict[str, Any], path: str, rule: str) -> None:
+        self.redactions.append({"event_id": event["id"], "path": path, "reason": rule, "replacement": BUNDLE_REDACTED})
+        event["redactions"] = event.get("redactions", []) + [path]
+
+    def sealed(self, event: dict[str, Any], field: str, hash_field: str, rule: str) -> None:
+        """``event[field]`` replaced whole (a state value under a sensitive or unknown key)."""
+        event[field] = BUNDLE_REDACTED
+        event[hash_field] = payload_hash(BUNDLE_REDACTED)
+        self._record(event, f"/{field}", rule)
+
     def payload(self, event: dict[str, Any], field: str, value: Any, hash_field: str, clipped: bool = False) -> None:
         """Redact ``value`` into ``event[field]`` and hash it into ``event[hash_field]``."""
         shown, pointers, rules = redact(value)
         shown = _spell(shown)
-        paths = []
         for pointer, rule in zip(pointers, rules, strict=True):
-            path = f"/{field}{_spell(pointer)}"
-            paths.append(path)
-            self.redactions.append(
-                {"event_id": event["id"], "path": path, "reason": rule, "replacement": BUNDLE_REDACTED}
-            )
-        if paths:
-            event["redactions"] = event.get("redactions", []) + paths
+            self._record(event, f"/{field}{_spell(pointer)}", rule)
         event[field] = shown
         event[hash_field] = payload_hash(shown)
         if clipped:
@@ -142,16 +156,19 @@ def _steps(b: _Builder, deeps: list[DeepRecord]) -> bool:
             name = _text(call.get("tool"), "unknown")
             if d.call_event is not None or d.arguments is not None:
                 e = b.add("tool_call", d.call_event, f"{sid}:call", d.ts, name=name)
+                b.labels(e, "name")
                 b.payload(e, "input", d.arguments, "input_hash", arg_cut)
             if d.result_event is not None or d.output is not None:
                 status = "error" if result.get("status") == "error" else "ok"
                 e = b.add("tool_result", d.result_event, f"{sid}:result", d.ts, status=status, name=name)
+                b.labels(e, "name")
                 b.payload(e, "output", d.output, "output_hash", out_cut)
         elif d.kind == "llm":
             model = _text(call.get("model"), "unknown")
             if d.call_event is not None or d.arguments is not None:
                 extra = {"provider": call["provider"]} if call.get("provider") else {}
                 e = b.add("llm_request", d.call_event, f"{sid}:request", d.ts, model=model, **extra)
+                b.labels(e, "provider", "model")
                 b.payload(e, "input", d.arguments, "input_hash", arg_cut)
             if d.result_event is not None or d.output is not None:
                 usage = result.get("usage") or {}
@@ -163,10 +180,18 @@ def _steps(b: _Builder, deeps: list[DeepRecord]) -> bool:
                         "total_tokens": usage.get("input_tokens", 0) + usage.get("output_tokens", 0),
                     }
                 e = b.add("llm_response", d.result_event, f"{sid}:response", d.ts, model=model, **tokens)
+                b.labels(e, "model")
                 b.payload(e, "output", d.output, "output_hash", out_cut)
         elif d.kind == "state":
-            e = b.add("state_change", d.call_event, f"{sid}:state", d.ts, key=_text(call.get("key"), "state"))
-            b.payload(e, "after", d.arguments, "output_hash", arg_cut)
+            key = call.get("key")
+            e = b.add("state_change", d.call_event, f"{sid}:state", d.ts, key=_text(key, "state"))
+            b.labels(e, "key")
+            if not isinstance(key, str):  # a step stored before envelopes: its key is unknown
+                b.sealed(e, "after", "output_hash", "unknown_key")
+            elif is_sensitive_key(key):  # the value of a sensitive key goes whole, as on the step
+                b.sealed(e, "after", "output_hash", "key_name")
+            else:
+                b.payload(e, "after", d.arguments, "output_hash", arg_cut)
         elif d.kind == "thinking":
             e = b.add("state_change", d.call_event, f"{sid}:thinking", d.ts, key=THINKING_KEY)
             b.payload(e, "after", d.reasoning or "", "output_hash", d.clipped)
@@ -174,6 +199,7 @@ def _steps(b: _Builder, deeps: list[DeepRecord]) -> bool:
             has_error = True
             e = b.add("error", d.call_event, f"{sid}:error", d.ts, status="error",
                       error_type=_text(call.get("kind"), "error"))  # fmt: skip
+            b.labels(e, "error_type")
             message = d.output if isinstance(d.output, str) and d.output else "(no message)"
             b.payload(e, "message", message, "_message_hash", out_cut)
             del e["_message_hash"]  # the reference hashes an error's details, not its message
@@ -249,12 +275,13 @@ def build_bundle(
     failure = None
     if run.status in ("failed", "abandoned"):
         f = run.failure
-        ftype = _text(f.type if f else None, "abandoned" if run.status == "abandoned" else "unknown")
+        ftype = _text(_spell(f.type) if f else None, "abandoned" if run.status == "abandoned" else "unknown")
         fmessage = _text(_spell(f.message) if f else None, "the run was closed after it went silent"
                          if run.status == "abandoned" else "(no message)")  # fmt: skip
         if not has_error:
             e = b.add("error", None, f"{run.run_id}:failure", run.ended_at or created_at,
                       status="error", error_type=ftype)  # fmt: skip
+            b.labels(e, "error_type")
             b.payload(e, "message", fmessage, "_h")
             del e["_h"]
         step = f.step if f is not None and f.step is not None else len(b.events)
