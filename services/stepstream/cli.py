@@ -103,6 +103,35 @@ def _bundle_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[t
     p = sub.add_parser("verify", help="check a .sftrace bundle: exit 0 verified, 3 mismatch, 4 invalid, 5 unverified_legacy")
     p.add_argument("bundle", type=Path, help="the .sftrace directory")
     p.add_argument("--log-level", help="debug, info, warning, error [warning]")
+    p = sub.add_parser("import", help="a .sftrace bundle (ours or stepfork's) as wire events of a new run")
+    _sinks(p)
+    p.add_argument("bundle", type=Path, help="the .sftrace directory")
+    p.add_argument("--company", required=True, help="the company the run is imported into")
+    p.add_argument("--run-id", help="the run id [a new one, imported-<hex>]")
+    p.add_argument("-o", "--out", required=True, type=Path, help="the JSON-lines file of wire events to write")
+    p.add_argument("--ingest", action="store_true", help="also run the events through the engine into the sinks")
+    p.add_argument("--log-level", help="debug, info, warning, error [warning]")
+
+
+def _run_import(settings: Settings, args: argparse.Namespace) -> int:
+    from stepstream.bundle.importer import ImportRefused, bundle_events
+    from stepstream.core.wire import encode_event
+
+    try:
+        events, status = bundle_events(args.bundle, args.company, args.run_id)
+    except ImportRefused as exc:
+        print(f"stepstream import: refused: {exc}", file=sys.stderr)
+        return 3
+    args.out.write_bytes(b"".join(encode_event(e) + b"\n" for e in events))
+    run_id = events[0].run_id if events else args.run_id
+    print(f"wrote {len(events)} events of run {run_id} ({status}) to {args.out}")
+    if args.ingest:
+        from stepstream.ingest.offline import ingest_file
+
+        report = asyncio.run(ingest_file(args.out, settings.steps_sink, settings.deep, progress=False))
+        print(f"ingested {report.events} events ({report.rejected} rejected)")
+        return 1 if report.rejected else 0
+    return 0
 
 
 def _run_export(settings: Settings, args: argparse.Namespace) -> int:
@@ -247,6 +276,8 @@ def main(argv: list[str] | None = None) -> int:
             return _run_export(settings, args)
         if args.command == "verify":
             return _run_verify(args)
+        if args.command == "import":
+            return _run_import(settings, args)
         if args.command == "purge":
             from stepstream.compactor.purge import purge
 
