@@ -111,6 +111,38 @@ def _bundle_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[t
     p.add_argument("-o", "--out", required=True, type=Path, help="the JSON-lines file of wire events to write")
     p.add_argument("--ingest", action="store_true", help="also run the events through the engine into the sinks")
     p.add_argument("--log-level", help="debug, info, warning, error [warning]")
+    p = sub.add_parser("replay", help="first divergence of a new run's events from a bundle: exit 0 same, 1 diverged")
+    p.add_argument("bundle", type=Path, help="the recording (.sftrace directory)")
+    p.add_argument("--against", required=True, type=Path, help="JSON-lines wire events of the new run")
+    p.add_argument("--log-level", help="debug, info, warning, error [warning]")
+
+
+def _run_replay(args: argparse.Namespace) -> int:
+    from stepstream.bundle.replay import live_calls, recorded_calls, replay
+    from stepstream.bundle.verify import verify_bundle
+    from stepstream.core.wire import decode_event
+    from stepstream.errors import WireError
+
+    verdict = verify_bundle(args.bundle)
+    if verdict.status in ("mismatch", "invalid"):
+        print(f"stepstream replay: the recording is {verdict.status}: {verdict.message}", file=sys.stderr)
+        return verdict.exit_code
+    events = []
+    for number, line in enumerate(args.against.read_bytes().splitlines(), start=1):
+        if line.strip():
+            try:
+                events.append(decode_event(line))
+            except WireError as exc:
+                print(f"stepstream replay: {args.against} line {number}: {exc}", file=sys.stderr)
+                return 4
+    report = replay(recorded_calls(args.bundle), live_calls(events))
+    if report.divergence is None:
+        extra = f"; fingerprints computed here at positions {report.computed}" if report.computed else ""
+        print(f"{report.status}: {report.calls} calls, no divergence{extra}")
+        return 0
+    d = report.divergence
+    print(f"diverged at call {d.position}: {d.field}: recorded {d.recorded!r}, live {d.live!r}")
+    return 1
 
 
 def _run_import(settings: Settings, args: argparse.Namespace) -> int:
@@ -276,6 +308,8 @@ def main(argv: list[str] | None = None) -> int:
             return _run_export(settings, args)
         if args.command == "verify":
             return _run_verify(args)
+        if args.command == "replay":
+            return _run_replay(args)
         if args.command == "import":
             return _run_import(settings, args)
         if args.command == "purge":
