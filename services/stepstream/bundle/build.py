@@ -36,6 +36,7 @@ __all__ = [
     "SIDECAR",
     "THINKING_KEY",
     "build_bundle",
+    "spell",
     "integrity_bytes",
 ]
 
@@ -61,14 +62,14 @@ class Bundle(NamedTuple):
     clipped: int
 
 
-def _spell(value: Any) -> Any:
+def spell(value: Any) -> Any:
     """``value`` with our replacement spelled the reference's way (strings and keys)."""
     if isinstance(value, str):
         return value.replace(REDACTED, BUNDLE_REDACTED) if REDACTED in value else value
     if isinstance(value, dict):
-        return {_spell(k): _spell(v) for k, v in value.items()}
+        return {spell(k): spell(v) for k, v in value.items()}
     if isinstance(value, list):
-        return [_spell(v) for v in value]
+        return [spell(v) for v in value]
     return value
 
 
@@ -113,7 +114,7 @@ class _Builder:
             if isinstance(text, str):
                 shown = mask_credentials(text)
                 if shown != text:
-                    event[field] = _spell(shown)
+                    event[field] = spell(shown)
                     self._record(event, f"/{field}", "credential")
 
     def _record(self, event: dict[str, Any], path: str, rule: str) -> None:
@@ -129,9 +130,9 @@ class _Builder:
     def payload(self, event: dict[str, Any], field: str, value: Any, hash_field: str, clipped: bool = False) -> None:
         """Redact ``value`` into ``event[field]`` and hash it into ``event[hash_field]``."""
         shown, pointers, rules = redact(value)
-        shown = _spell(shown)
+        shown = spell(shown)
         for pointer, rule in zip(pointers, rules, strict=True):
-            self._record(event, f"/{field}{_spell(pointer)}", rule)
+            self._record(event, f"/{field}{spell(pointer)}", rule)
         event[field] = shown
         event[hash_field] = payload_hash(shown)
         if clipped:
@@ -209,13 +210,13 @@ def _steps(b: _Builder, deeps: list[DeepRecord]) -> bool:
 def _manifest(b: _Builder, created_at: str, failure: dict[str, Any] | None) -> dict[str, Any]:
     run = b.run
     env = run.environment if isinstance(run.environment, dict) else {}
-    environment = {k: _spell(env[k]) for k in _ENV_KEYS if isinstance(env.get(k), str)}
+    environment = {k: spell(env[k]) for k in _ENV_KEYS if isinstance(env.get(k), str)}
     status = {"running": "running", "completed": "completed"}.get(run.status, "failed")
     manifest: dict[str, Any] = {
         "format": "stepfork",
         "schema_version": "0.1",
         "run_id": run.run_id,
-        "agent_name": _text(_spell(run.agent_name), "unknown"),
+        "agent_name": _text(spell(run.agent_name), "unknown"),
         "created_at": created_at,
         "status": status,
         "environment": environment,
@@ -275,8 +276,8 @@ def build_bundle(
     failure = None
     if run.status in ("failed", "abandoned"):
         f = run.failure
-        ftype = _text(_spell(f.type) if f else None, "abandoned" if run.status == "abandoned" else "unknown")
-        fmessage = _text(_spell(f.message) if f else None, "the run was closed after it went silent"
+        ftype = _text(spell(f.type) if f else None, "abandoned" if run.status == "abandoned" else "unknown")
+        fmessage = _text(spell(f.message) if f else None, "the run was closed after it went silent"
                          if run.status == "abandoned" else "(no message)")  # fmt: skip
         if not has_error:
             e = b.add("error", None, f"{run.run_id}:failure", run.ended_at or created_at,
@@ -323,7 +324,7 @@ def _files(b: _Builder, run: RunRecord, company_id: str, created_at: str, failur
             "clipped": b.clipped,
             "ids_renamed": b.renamed,
             "parents_dropped": b.parents_dropped,
-            "environment": _spell(run.environment),
+            "environment": spell(run.environment),
             "canonical_profile": "stepfork-json-v0.1",
         }
     )

@@ -24,7 +24,7 @@ import json
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from stepstream.bundle.build import _spell
+from stepstream.bundle.build import spell
 from stepstream.core import wire
 from stepstream.core.canonical import payload_hash
 from stepstream.core.caps import json_body
@@ -59,7 +59,7 @@ class ReplayReport(NamedTuple):
 
 def _hash_live(value: Any, limits: Limits) -> str:
     stored, _ = json_body(value, limits.arguments_chars)
-    return payload_hash(_spell(redact(stored).value))
+    return payload_hash(spell(redact(stored).value))
 
 
 def recorded_calls(bundle: str | Path) -> list[Call]:
