@@ -41,7 +41,8 @@ def _varied_run(run: str = "r1", *, status: str = "failed") -> list:
     s("llm_request", call_id="c1", provider="openai", model="gpt-4o",
       input={"messages": [{"role": "user", "content": "hi \u2028 there"}], "password": CANARY},
       params={"temperature": 0.7, "api_key": CANARY})  # fmt: skip
-    s("llm_response", call_id="c1", output={"text": "ok", "big": 2**70, "f": 1e16, "g": 0.1, "n": -0.0},
+    s("llm_response", call_id="c1", output={"text": "ok", "big": 2**70, "f": 1e16, "g": 0.1, "n": -0.0,
+                                            "huge": 1.7976931348623157e308, "tiny": 5e-324, "neg": -(2**63)},
       usage={"input_tokens": 12, "output_tokens": 5}, stop_reason="stop")  # fmt: skip
     s("tool_call", call_id="t1", tool="search", arguments={"q": "weather", "token": CANARY, GH_TOKEN: 1,
                                                            "url": f"https://user:{CANARY}@db.example.com/x"})  # fmt: skip
@@ -79,7 +80,9 @@ def _reference_accepts(path: Path, bundle) -> None:
     assert result.valid, result.issues
     assert verify_bundle_integrity(path).status is IntegrityStatus.VERIFIED
     trace = load_trace(path)
-    ours = [json.loads(line) for line in bundle.files["events.jsonl"].decode().splitlines()]
+    lines = bundle.files["events.jsonl"].decode().split("\n")
+    assert lines.pop() == "" and len(lines) == len(bundle.files["events.jsonl"].decode().splitlines())
+    ours = [json.loads(line) for line in lines]
     assert [e.id for e in trace.events] == [e["id"] for e in ours]
     assert [str(e.type) for e in trace.events] == [e["type"] for e in ours]
     assert verify_bundle(path).status == "verified"
@@ -242,3 +245,28 @@ def test_canonical_refuses_non_json() -> None:
     for bad in (math.nan, math.inf, {1: 2}, {"a": {1, 2}}, "\ud800"):
         with pytest.raises(CanonicalError):
             canonical_bytes(bad)
+
+
+_payloads = st.recursive(
+    st.none() | st.booleans() | st.integers(min_value=-(2**64), max_value=2**64)
+    | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=15,
+)
+
+
+@settings(max_examples=40, deadline=None)
+@given(args=st.dictionaries(st.text(max_size=10), _payloads, max_size=4), output=_payloads, value=_payloads)
+def test_arbitrary_payloads_export_valid_bundles(args, output, value) -> None:
+    import tempfile
+
+    s = Script()
+    s("run_start", agent_name="p")
+    s("tool_call", call_id="t", tool="x", arguments=args)
+    s("tool_result", call_id="t", output=output)
+    s("state_change", key="k", value=value)
+    s("run_end", status="completed")
+    [(run, bundle)] = _bundle_of(s.events)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = _write(Path(tmp), bundle, "p")
+        _reference_accepts(path, bundle)

@@ -302,11 +302,12 @@ def build_bundle(
 def _files(b: _Builder, run: RunRecord, company_id: str, created_at: str, failure: dict[str, Any] | None) -> Bundle:
     files: dict[str, bytes] = {}
     files["manifest.json"] = _json(_manifest(b, created_at, failure))
-    # U+2028 and U+2029 (only ever inside strings) escaped: readers that split on them still see one line.
+    # U+0085, U+2028 and U+2029 (only ever inside strings) escaped: readers that split on them see one line.
     lines = [
         json.dumps(e, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
         .replace("\u2028", "\\u2028")
         .replace("\u2029", "\\u2029")
+        .replace("\x85", "\\u0085")
         for e in b.events
     ]
     files["events.jsonl"] = ("".join(line + "\n" for line in lines)).encode("utf-8")
