@@ -110,7 +110,8 @@ def _bundle_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[t
     p.add_argument("--run-id", help="the run id [a new one, imported-<hex>]")
     p.add_argument("-o", "--out", required=True, type=Path, help="the JSON-lines file of wire events to write")
     p.add_argument("--ingest", action="store_true", help="also run the events through the engine into the sinks")
-    p.add_argument("--log-level", help="debug, info, warning, error [warning]")
+    p.add_argument("--publish", action="store_true", help="also publish the events, in order, to the raw topic")
+    _common(p)
     p = sub.add_parser("replay", help="first divergence of a new run's events from a bundle: exit 0 same, 1 diverged")
     p.add_argument("bundle", type=Path, help="the recording (.sftrace directory)")
     p.add_argument("--against", required=True, type=Path, help="JSON-lines wire events of the new run")
@@ -157,6 +158,14 @@ def _run_import(settings: Settings, args: argparse.Namespace) -> int:
     args.out.write_bytes(b"".join(encode_event(e) + b"\n" for e in events))
     run_id = events[0].run_id if events else args.run_id
     print(f"wrote {len(events)} events of run {run_id} ({status}) to {args.out}")
+    if args.publish:
+        from stepstream.emitter.producer import Emitter
+
+        async def publish() -> int:
+            async with Emitter(settings.broker, settings.topic) as emitter:
+                return await emitter.emit_many(events)
+
+        print(f"published {asyncio.run(publish())} events to {settings.topic}")
     if args.ingest:
         from stepstream.ingest.offline import ingest_file
 
