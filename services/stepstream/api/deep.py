@@ -8,6 +8,7 @@ steps and run records stay.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any, Literal
 
 import msgspec
@@ -128,8 +129,8 @@ def deep_router(deep: DeepStore, retention: RetentionStore, steps: StepStore, gu
             raise ProblemError(NOT_FOUND)
         step_seqs = [s.step_seq for s in await steps.get_steps(company, run_id)]
         rows = await deep.get_deep(company, run_id)
-        try:
-            bundle = build_bundle(run, rows, company_id=company, step_seqs=step_seqs)
+        try:  # CPU-bound (redaction, hashing): off the event loop
+            bundle = await asyncio.to_thread(build_bundle, run, rows, company_id=company, step_seqs=step_seqs)
         except BundleRefused as exc:  # pruned, purged (or no event time at all)
             raise ProblemError(problem(410, f"no complete bundle ({exc.reason})")) from None
         top = f"{run_id}.sftrace"
