@@ -87,7 +87,121 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.add_argument("--log-level", help="debug, info, warning, error [warning]")
     _api_commands(sub)
+    _bundle_commands(sub)
     return parser
+
+
+def _bundle_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """``export`` and ``verify``: the ``.sftrace`` bundle (docs/bundle.md)."""
+    p = sub.add_parser("export", help="write one run as a .sftrace bundle (docs/bundle.md)")
+    _sinks(p)
+    p.add_argument("--company", required=True, help="the company")
+    p.add_argument("--run", required=True, help="the run id")
+    p.add_argument("-o", "--out", required=True, type=Path,
+                   help="the bundle directory (ending .sftrace), or a directory to write <run>.sftrace into")  # fmt: skip
+    p.add_argument("--log-level", help="debug, info, warning, error [warning]")
+    p = sub.add_parser("verify", help="check a .sftrace bundle: exit 0 verified, 3 mismatch, 4 invalid, 5 unverified_legacy")
+    p.add_argument("bundle", type=Path, help="the .sftrace directory")
+    p.add_argument("--log-level", help="debug, info, warning, error [warning]")
+    p = sub.add_parser("import", help="a .sftrace bundle (ours or stepfork's) as wire events of a new run")
+    _sinks(p)
+    p.add_argument("bundle", type=Path, help="the .sftrace directory")
+    p.add_argument("--company", required=True, help="the company the run is imported into")
+    p.add_argument("--run-id", help="the run id [a new one, imported-<hex>]")
+    p.add_argument("-o", "--out", required=True, type=Path, help="the JSON-lines file of wire events to write")
+    p.add_argument("--ingest", action="store_true", help="also run the events through the engine into the sinks")
+    p.add_argument("--publish", action="store_true", help="also publish the events, in order, to the raw topic")
+    _common(p)
+    p = sub.add_parser("replay", help="first divergence of a new run's events from a bundle: exit 0 same, 1 diverged")
+    p.add_argument("bundle", type=Path, help="the recording (.sftrace directory)")
+    p.add_argument("--against", required=True, type=Path, help="JSON-lines wire events of the new run")
+    p.add_argument("--log-level", help="debug, info, warning, error [warning]")
+
+
+def _run_replay(args: argparse.Namespace) -> int:
+    from stepstream.bundle.replay import live_calls, recorded_calls, replay
+    from stepstream.bundle.verify import verify_bundle
+    from stepstream.core.wire import decode_event
+    from stepstream.errors import WireError
+
+    verdict = verify_bundle(args.bundle)
+    if verdict.status in ("mismatch", "invalid"):
+        print(f"stepstream replay: the recording is {verdict.status}: {verdict.message}", file=sys.stderr)
+        return verdict.exit_code
+    events = []
+    for number, line in enumerate(args.against.read_bytes().splitlines(), start=1):
+        if line.strip():
+            try:
+                events.append(decode_event(line))
+            except WireError as exc:
+                print(f"stepstream replay: {args.against} line {number}: {exc}", file=sys.stderr)
+                return 4
+    report = replay(recorded_calls(args.bundle), live_calls(events))
+    if report.divergence is None:
+        extra = f"; fingerprints computed here at positions {report.computed}" if report.computed else ""
+        print(f"{report.status}: {report.calls} calls, no divergence{extra}")
+        return 0
+    d = report.divergence
+    print(f"diverged at call {d.position}: {d.field}: recorded {d.recorded!r}, live {d.live!r}")
+    return 1
+
+
+def _run_import(settings: Settings, args: argparse.Namespace) -> int:
+    from stepstream.bundle.importer import ImportRefused, bundle_events
+    from stepstream.core.wire import encode_event
+
+    try:
+        events, status = bundle_events(args.bundle, args.company, args.run_id)
+    except ImportRefused as exc:
+        print(f"stepstream import: refused: {exc}", file=sys.stderr)
+        return 3
+    args.out.write_bytes(b"".join(encode_event(e) + b"\n" for e in events))
+    run_id = events[0].run_id if events else args.run_id
+    print(f"wrote {len(events)} events of run {run_id} ({status}) to {args.out}")
+    if args.publish:
+        from stepstream.emitter.producer import Emitter
+
+        async def publish() -> int:
+            async with Emitter(settings.broker, settings.topic) as emitter:
+                return await emitter.emit_many(events)
+
+        print(f"published {asyncio.run(publish())} events to {settings.topic}")
+    if args.ingest:
+        from stepstream.ingest.offline import ingest_file
+
+        report = asyncio.run(ingest_file(args.out, settings.steps_sink, settings.deep, progress=False))
+        print(f"ingested {report.events} events ({report.rejected} rejected)")
+        return 1 if report.rejected else 0
+    return 0
+
+
+def _run_export(settings: Settings, args: argparse.Namespace) -> int:
+    from stepstream.bundle.build import BundleRefused
+    from stepstream.bundle.export import export_run
+    from stepstream.core.canonical import CanonicalError
+
+    try:
+        path, bundle = asyncio.run(export_run(settings.steps_sink, settings.deep, args.company, args.run, args.out))
+    except BundleRefused as exc:
+        print(f"stepstream export: refused ({exc.reason}): {exc}", file=sys.stderr)
+        return 3
+    except CanonicalError as exc:
+        print(f"stepstream export: run {args.run} holds a value outside JSON: {exc}", file=sys.stderr)
+        return 4
+    except FileExistsError as exc:
+        print(f"stepstream export: {exc}", file=sys.stderr)
+        return 2
+    print(f"wrote {path}: {bundle.events} events, {bundle.redactions} redactions, {bundle.clipped} clipped bodies")
+    return 0
+
+
+def _run_verify(args: argparse.Namespace) -> int:
+    from stepstream.bundle.verify import verify_bundle
+
+    verdict = verify_bundle(args.bundle)
+    where = f" ({verdict.file})" if verdict.file and verdict.status != "verified" else ""
+    print(f"{verdict.status}{where}: {verdict.message}", file=sys.stdout if verdict.status == "verified" else sys.stderr)
+    return verdict.exit_code
 
 
 def _api_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -199,6 +313,14 @@ def main(argv: list[str] | None = None) -> int:
             from stepstream.compactor.service import run_compactor
 
             return asyncio.run(run_compactor(settings, once=args.once))
+        if args.command == "export":
+            return _run_export(settings, args)
+        if args.command == "verify":
+            return _run_verify(args)
+        if args.command == "replay":
+            return _run_replay(args)
+        if args.command == "import":
+            return _run_import(settings, args)
         if args.command == "purge":
             from stepstream.compactor.purge import purge
 

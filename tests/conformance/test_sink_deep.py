@@ -235,3 +235,28 @@ async def test_the_port_counts_what_a_reader_sees_and_reports_its_clips(store_ur
         assert len(heard) == 2
     finally:
         await store.close()
+
+
+@pytest.mark.parametrize("one_batch", [False, True], ids=["two-writes", "one-batch"])
+async def test_event_envelopes_merge_like_bodies(deep_store: DeepStore, one_batch: bool) -> None:
+    """The .sftrace envelopes (issue 13): a result's write keeps the call's envelope,
+    free-form keys and values round-trip (JSON text in SQLite and MongoDB)."""
+    call_env = {"id": "e-1", "type": "llm_request", "seq": 1, "ts": "2026-01-01T00:00:00.000000Z",
+                "provider": "openai", "model": UNICODE, "params": {"$weird.key": [1, 2.5, None], "a.b": {"c": True}}}  # fmt: skip
+    result_env = {"id": "e-2", "type": "llm_response", "seq": 2, "ts": "2026-01-01T00:00:01.000000Z",
+                  "usage": {"input_tokens": 10**12, "output_tokens": 0, "reasoning_tokens": 3}}  # fmt: skip
+    call = deep(4, arguments='{"q":1}', at=1)
+    call.call_event = call_env
+    result = deep(4, output='"ok"', at=2)
+    result.result_event = result_env
+    if one_batch:
+        await deep_store.write([call, result])
+    else:
+        await deep_store.write([call])
+        await deep_store.write([result])
+    [row] = await rows(deep_store)
+    assert (row.call_event, row.result_event) == (call_env, result_env)
+    later = deep(4, at=3)  # a write without envelopes keeps them
+    await deep_store.write([later])
+    [row] = await rows(deep_store)
+    assert (row.call_event, row.result_event) == (call_env, result_env)

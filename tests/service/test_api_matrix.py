@@ -15,7 +15,18 @@ import pytest
 from stepstream.api.tokens import add_token, revoke_token
 from stepstream.ingest.offline import ingest_file
 from stepstream.sinks import open_deep_store, open_step_store
-from api_support import COMPANIES, SHARED_RUNS, Tokens, all_canaries, bearer, client, corpus, make_app, write_jsonl
+from api_support import (
+    COMPANIES,
+    SHARED_RUNS,
+    Tokens,
+    all_canaries,
+    bearer,
+    canaries,
+    client,
+    corpus,
+    make_app,
+    write_jsonl,
+)
 
 A, B = COMPANIES
 RUN = SHARED_RUNS[0]
@@ -27,6 +38,7 @@ ROUTES = {
     "get_deep": ("GET", f"/v1/companies/{A}/runs/{RUN}/deep", "deep:read"),
     "purge_run": ("DELETE", f"/v1/companies/{A}/runs/{RUN}/deep", "deep:purge"),
     "purge_company": ("DELETE", f"/v1/companies/{A}/deep", "deep:purge"),
+    "get_bundle": ("GET", f"/v1/companies/{A}/runs/{RUN}/trace.sftrace", "deep:read"),
 }
 # A token of company A that lacks the route's scope.
 NO_SCOPE = {"steps:read": "deep", "deep:read": "steps", "deep:purge": "steps"}
@@ -95,7 +107,8 @@ async def test_matrix(api, route, case):
         assert problem_type == "urn:stepstream:problem:forbidden"
     else:
         assert response.status_code == 200, response.text
-        assert response.headers["content-type"].startswith("application/json")
+        media = "application/x-tar" if route == "get_bundle" else "application/json"
+        assert response.headers["content-type"].startswith(media)
     if response.status_code >= 400:
         assert response.headers["content-type"] == "application/problem+json"
         assert set(response.json()) == {"type", "title", "status", "detail"}
@@ -199,11 +212,32 @@ async def test_unknown_route_and_method_are_problems(api):
     assert wrong.json()["type"] == "urn:stepstream:problem:method-not-allowed"
 
 
-async def test_bundle_route_is_absent(api):
+async def test_bundle_route_streams_a_valid_tar_and_refuses_a_purged_run(api, tmp_path):
+    import io
+    import tarfile
+
+    from stepfork.trace.validation import validate_bundle
+
     http, tokens, steps, deep = api
-    response = await http.get(f"/v1/companies/{A}/runs/{RUN}/trace.sftrace", headers=bearer(tokens[(A, "all")]))
-    assert response.status_code == 404
-    assert "/trace.sftrace" not in (await http.get("/openapi.json")).text
+    path = f"/v1/companies/{A}/runs/{RUN}/trace.sftrace"
+    response = await http.get(path, headers=bearer(tokens[(A, "deep")]))
+    assert response.status_code == 200 and response.headers["content-type"].startswith("application/x-tar")
+    with tarfile.open(fileobj=io.BytesIO(response.content)) as tar:
+        names = tar.getnames()
+        tar.extractall(tmp_path, filter="data")
+    assert f"{RUN}.sftrace/events.jsonl" in names and f"{RUN}.sftrace/integrity.json" in names
+    result = validate_bundle(tmp_path / f"{RUN}.sftrace", strict=True, verify_integrity=True)
+    assert result.valid, result.issues
+    # Secrets under sensitive keys and credential-shaped ones never leave in a bundle
+    # (plain-text canaries in outputs and thinking are bodies, exported as they are).
+    text = response.content.decode("utf-8", "replace")
+    for kind in ("argument", "argument_value", "state", "error"):
+        assert canaries(A, RUN)[kind] not in text
+    assert "/trace.sftrace" in (await http.get("/openapi.json")).text
+    assert (await http.delete(f"/v1/companies/{A}/runs/{RUN}/deep", headers=bearer(tokens[(A, "purge")]))).status_code == 200
+    gone = await http.get(path, headers=bearer(tokens[(A, "deep")]))
+    assert gone.status_code == 410 and gone.json()["type"] == "urn:stepstream:problem:gone"
+    assert RUN not in gone.text
 
 
 async def test_access_log_names_the_token_id_never_the_token(api, caplog):

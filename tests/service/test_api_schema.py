@@ -47,7 +47,11 @@ def test_every_operation_conforms(case):
     # A cursor is opaque: the schema can say its alphabet, not which strings the API
     # made, so a schema-valid ``before`` may rightly be a 400 (documented on the route).
     opaque = case.operation.path.endswith("/runs") and "before" in (case.query or {})
-    case.call_and_validate(headers=headers, excluded_checks=[positive_data_acceptance] if opaque else None)
+    # The bundle of a known run is a 410 once the fuzzed purge routes destroyed its
+    # bodies (state, not the request: documented on the route).
+    bundle = case.operation.path.endswith("/trace.sftrace")
+    excluded = [positive_data_acceptance] if opaque or bundle else None
+    case.call_and_validate(headers=headers, excluded_checks=excluded)
 
 
 @known_ids.parametrize()

@@ -8,12 +8,14 @@ steps and run records stay.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any, Literal
 
 import msgspec
 from litestar import Router, delete, get
+from litestar.response import Stream
 
-from stepstream.api.problems import GUARDED, NOT_FOUND, ProblemError, problem_responses
+from stepstream.api.problems import GUARDED, NOT_FOUND, ProblemError, problem, problem_responses
 from stepstream.api.steps import CompanyParam, RunIdParam
 from stepstream.core.records import DeepRecord
 from stepstream.sinks.ports import DeepStore, RetentionStore, StepStore
@@ -107,9 +109,40 @@ def deep_router(deep: DeepStore, retention: RetentionStore, steps: StepStore, gu
         """Destroy every body of the company; steps and run records stay."""
         return Purged(purged=await retention.purge_company(company))
 
+    @get(
+        "/runs/{run_id:str}/trace.sftrace",
+        opt={"scope": "deep:read"},
+        summary="A run as a .sftrace bundle (a tar, streamed)",
+        operation_id="getRunBundle",
+        media_type="application/x-tar",
+        responses=problem_responses(400, 410, *GUARDED),
+    )
+    async def get_bundle(company: CompanyParam, run_id: RunIdParam) -> Stream:
+        """The run's ``.sftrace`` bundle (docs/bundle.md) as a tar of
+        ``<run_id>.sftrace/``: payloads redacted, hashed, with ``integrity.json``.
+        410 when the run's bodies were pruned or purged (a bundle would be incomplete)."""
+        from stepstream.bundle.build import BundleRefused, build_bundle
+        from stepstream.bundle.tarball import tar_chunks
+
+        run = await steps.get_run(company, run_id)
+        if run is None:
+            raise ProblemError(NOT_FOUND)
+        step_seqs = [s.step_seq for s in await steps.get_steps(company, run_id)]
+        rows = await deep.get_deep(company, run_id)
+        try:  # CPU-bound (redaction, hashing): off the event loop
+            bundle = await asyncio.to_thread(build_bundle, run, rows, company_id=company, step_seqs=step_seqs)
+        except BundleRefused as exc:  # pruned, purged (or no event time at all)
+            raise ProblemError(problem(410, f"no complete bundle ({exc.reason})")) from None
+        top = f"{run_id}.sftrace"
+        return Stream(
+            tar_chunks(bundle, top),
+            media_type="application/x-tar",
+            headers={"Content-Disposition": f'attachment; filename="{top}.tar"'},
+        )
+
     return Router(
         "/v1/companies/{company:str}",
-        route_handlers=[get_deep, purge_run, purge_company],
+        route_handlers=[get_deep, purge_run, purge_company, get_bundle],
         guards=guards,  # type: ignore[arg-type]
         security=[{"bearer": []}],
         tags=["deep"],

@@ -14,6 +14,7 @@ type                                   status  when
 ``urn:stepstream:problem:not-found``    404    no such run, another company's run or path,
                                                no such route
 ``urn:stepstream:problem:method-not-allowed`` 405  the route exists, the method does not
+``urn:stepstream:problem:gone``         410    a run's bodies were pruned or purged: no bundle
 ``urn:stepstream:problem:unavailable``  503    a store or the tokens file is unavailable
                                                (``Retry-After`` is set)
 ``urn:stepstream:problem:internal``     500    anything else (logged with its traceback)
@@ -43,6 +44,7 @@ TITLES = {
     403: ("forbidden", "Forbidden"),
     404: ("not-found", "Not Found"),
     405: ("method-not-allowed", "Method Not Allowed"),
+    410: ("gone", "Gone"),
     503: ("unavailable", "Service Unavailable"),
     500: ("internal", "Internal Server Error"),
 }
@@ -75,6 +77,7 @@ _DESCRIPTIONS = {
     401: "No token, or an unknown or revoked token (see WWW-Authenticate)",
     403: "The token lacks this route's scope",
     404: "No such run, or a run or path of another company (the same bytes)",
+    410: "The run's bodies were pruned or purged: no complete bundle",
     503: "A store or the tokens file is unavailable; retry after Retry-After seconds",
 }
 

@@ -107,6 +107,7 @@ import msgspec
 from stepstream.core import wire
 from stepstream.core.caps import clip, clip_chunk
 from stepstream.core.limits import Limits
+from stepstream.core.envelope import envelope
 from stepstream.core.records import DeepRecord, Failure, RunRecord, RunState, StepRecord
 from stepstream.core.redact import TEXT_CHARS, scrub
 from stepstream.core.steps import CALLS, OPENERS, RESULTS, Rows, call_key, opening_rows, result_rows, thinking_step
@@ -156,7 +157,7 @@ class RunFold:
         "company_id", "run_id", "limits", "stale", "_last_seq", "_next", "_open", "_run",
         "_dirty", "_max_ts", "_max_ts_str", "_th_ord", "_th_chars", "_th_clipped",
         "_th_started", "_pending", "_tail", "_tail_chars", "_tail_bytes", "_tail_deltas", "_delta_now",
-        "_max_steps", "_flush_bytes", "_flush_deltas", "_max_seq_jump", "lazy", "_clean",
+        "_th_env", "_max_steps", "_flush_bytes", "_flush_deltas", "_max_seq_jump", "lazy", "_clean",
         "late", "_skipped", "_awaiting", "_closes",
     )  # fmt: skip
 
@@ -200,6 +201,8 @@ class RunFold:
         self._th_chars = state.thinking_chars
         self._th_clipped = state.thinking_clipped
         self._th_started: datetime | str | None = state.thinking_started_at  # formatted lazily
+        # The envelope of the open thinking run's first delta until its first write stores it.
+        self._th_env: dict[str, Any] | None = None
         self._skipped = state.skipped_seqs
         self._awaiting: dict[str, int] | None = dict(state.awaiting_calls) if state.awaiting_calls else None
         run = state.run
@@ -401,6 +404,7 @@ class RunFold:
             self._th_chars = 0
             self._th_clipped = False
             self._th_started = event.ts
+            self._th_env = envelope(event, self.limits)
         if self._th_ord >= self._max_steps:
             return self._finish(Output([], [], None, None, [], []))
         return self._buffer(event.payload.text, now)
@@ -440,6 +444,8 @@ class RunFold:
                 if self._th_clipped:
                     deep.clipped = True  # nothing more is kept; the write only moves ts
                 else:
+                    if self._th_env is not None:
+                        deep.call_event, self._th_env = self._th_env, None
                     chunk, offset, cut = clip_chunk("".join(self._tail), self._th_chars, self.limits.reasoning_chars)
                     deep.reasoning, deep.reasoning_offset = chunk, offset
                     if cut:
@@ -462,6 +468,7 @@ class RunFold:
             self._th_chars = 0
             self._th_clipped = False
             self._th_started = None
+            self._th_env = None
 
     # -- abandoned runs -------------------------------------------------------------
 
@@ -529,6 +536,7 @@ class RunFold:
         p = event.payload
         run = self._run
         run.agent_name = scrub(p.agent_name)
+        run.start_event_id = event.event_id
         if p.environment is not None:
             run.environment = scrub(p.environment)  # a string, or an object redacted by key
         run.started_at = at
@@ -540,6 +548,7 @@ class RunFold:
         run.status = p.status
         run.failure = _failure(p)
         run.ended_at = at
+        run.end_event_id = event.event_id
         self._dirty = True
 
     # -- late events ------------------------------------------------------------
@@ -634,7 +643,8 @@ class RunFold:
         text = event.payload.text
         body, cut = clip(text, self.limits.reasoning_chars)
         out.deeps.append(DeepRecord(company_id=self.company_id, run_id=self.run_id, step_seq=ordinal,
-                                    kind="thinking", ts=at, reasoning=body, clipped=cut))  # fmt: skip
+                                    kind="thinking", ts=at, reasoning=body, clipped=cut,
+                                    call_event=envelope(event, self.limits, at)))  # fmt: skip
         if cut:
             out.clipped.append("reasoning")
         out.steps.append(

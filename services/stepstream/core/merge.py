@@ -73,6 +73,8 @@ def apply_deep(stored: DeepRecord | None, written: DeepRecord) -> DeepRecord:
         arguments=written.arguments if written.arguments is not None else stored.arguments,
         output=written.output if written.output is not None else stored.output,
         clipped=stored.clipped or written.clipped,
+        call_event=written.call_event if written.call_event is not None else stored.call_event,
+        result_event=written.result_event if written.result_event is not None else stored.result_event,
     )
 
 
@@ -111,4 +113,6 @@ def merge_deep(first: DeepRecord | None, second: DeepRecord) -> DeepRecord:
         arguments=second.arguments if second.arguments is not None else first.arguments,
         output=second.output if second.output is not None else first.output,
         clipped=first.clipped or second.clipped,
+        call_event=second.call_event if second.call_event is not None else first.call_event,
+        result_event=second.result_event if second.result_event is not None else first.result_event,
     )

@@ -79,6 +79,12 @@ class DeepRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
     arguments: Any | None = None
     output: Any | None = None
     clipped: bool = False
+    # The envelopes of the events that made this step, for a ``.sftrace`` export
+    # (``core.envelope``): the opening event (call, request, state change, error, or
+    # the first delta of a thinking run) and the result. Bounded like the bodies;
+    # ``None`` keeps the stored one.
+    call_event: dict[str, Any] | None = None
+    result_event: dict[str, Any] | None = None
 
 
 class Failure(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -116,6 +122,9 @@ class RunRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
     # When retention dropped this run's deep bodies (set by the compactor through
     # ``StepStore.mark_deep_pruned``; a run record written as ``None`` keeps it).
     deep_pruned_at: str | None = None
+    # The event ids of the run's run_start and run_end (a ``.sftrace`` export names them).
+    start_event_id: str | None = None
+    end_event_id: str | None = None
 
 
 class RunState(msgspec.Struct, kw_only=True):

@@ -30,6 +30,7 @@ from typing import Any, NamedTuple
 
 from stepstream.core import wire
 from stepstream.core.caps import json_body
+from stepstream.core.envelope import envelope
 from stepstream.core.limits import Limits
 from stepstream.core.records import DeepRecord, StepRecord
 from stepstream.core.redact import TEXT_CHARS, redact, scrub
@@ -55,37 +56,39 @@ def call_key(event: Any) -> str:
     return prefix + event.payload.call_id
 
 
-def _rows(step: StepRecord, at: str, field: str, raw: Any, cap: int) -> Rows:
+def _rows(step: StepRecord, at: str, field: str, raw: Any, cap: int, env: tuple[str, dict[str, Any]]) -> Rows:
     body, cut = json_body(raw, cap)
     deep = DeepRecord(
         company_id=step.company_id, run_id=step.run_id, step_seq=step.step_seq, kind=step.kind, ts=at, clipped=cut
     )
     setattr(deep, field, body)
+    setattr(deep, env[0], env[1])
     return Rows(step, deep, field if cut else None)
 
 
 def opening_rows(event: Any, company_id: str, run_id: str, ordinal: int, at: str, limits: Limits) -> Rows:
     """The rows of a call, a state change or an error (``at``: its formatted ts)."""
     p = event.payload
+    env = ("call_event", envelope(event, limits, at))
     base: dict[str, Any] = {"company_id": company_id, "run_id": run_id, "step_seq": ordinal, "started_at": at}
     if type(event) is wire.ToolCall:
         step = StepRecord(**base, kind="tool", label=scrub(p.tool), status="running", call_id=scrub(p.call_id),
                           arguments=redact(p.arguments).value, input_shape=shape(p.arguments))  # fmt: skip
-        return _rows(step, at, "arguments", p.arguments, limits.arguments_chars)
+        return _rows(step, at, "arguments", p.arguments, limits.arguments_chars, env)
     if type(event) is wire.LlmRequest:
         params = None if p.params is None else redact(p.params).value
         step = StepRecord(**base, kind="llm", label=scrub(f"{p.provider}/{p.model}"), status="running",
                           call_id=scrub(p.call_id),
                           arguments=params, input_shape=shape(p.input))  # fmt: skip
-        return _rows(step, at, "arguments", p.input, limits.arguments_chars)
+        return _rows(step, at, "arguments", p.input, limits.arguments_chars, env)
     if type(event) is wire.StateChange:
         step = StepRecord(**base, kind="state", label=scrub(p.key), status="ok",
                           arguments=redact({p.key: p.value}).value, input_shape=shape(p.value), ended_at=at)  # fmt: skip
-        return _rows(step, at, "arguments", p.value, limits.arguments_chars)
+        return _rows(step, at, "arguments", p.value, limits.arguments_chars, env)
     if type(event) is wire.Error:
         step = StepRecord(**base, kind="error", label=scrub(p.kind or "error"), status="error",
                           arguments={"message": scrub(p.message, TEXT_CHARS)}, ended_at=at)  # fmt: skip
-        return _rows(step, at, "output", p.message, limits.output_chars)
+        return _rows(step, at, "output", p.message, limits.output_chars, env)
     raise TypeError(f"{type(event).__name__} opens no step")
 
 
@@ -100,7 +103,7 @@ def result_rows(
     extra: dict[str, Any] = {} if matched else {"label": "unmatched result", "started_at": at}
     step = StepRecord(company_id=company_id, run_id=run_id, step_seq=ordinal, kind=kind, status=status,
                       call_id=scrub(p.call_id), output_shape=shape(p.output), ended_at=at, **extra)  # fmt: skip
-    return _rows(step, at, "output", p.output, limits.output_chars)
+    return _rows(step, at, "output", p.output, limits.output_chars, ("result_event", envelope(event, limits, at)))
 
 
 def thinking_step(

@@ -384,8 +384,12 @@ def _run(doc: dict[str, Any]) -> RunRecord:
     return msgspec.convert(doc, RunRecord)
 
 
+# Deep fields holding JSON values, stored as JSON text (free-form keys such as "$x" or "a.b").
+_DEEP_JSON_NAMES = ("arguments", "output", "call_event", "result_event")
+
+
 def _deep(doc: dict[str, Any]) -> DeepRecord:
-    bodies = {name: doc.pop(name) for name in ("arguments", "output") if doc.get(name) is not None}
+    bodies = {name: doc.pop(name) for name in _DEEP_JSON_NAMES if doc.get(name) is not None}
     deep = msgspec.convert(doc, DeepRecord)
     for name, text in bodies.items():
         setattr(deep, name, msgspec.json.decode(text))
@@ -601,6 +605,10 @@ class MongoDeepStore:
                     fields["arguments"] = _json.encode(d.arguments).decode()
                 if d.output is not None:
                     fields["output"] = _json.encode(d.output).decode()
+                if d.call_event is not None:
+                    fields["call_event"] = _json.encode(d.call_event).decode()
+                if d.result_event is not None:
+                    fields["result_event"] = _json.encode(d.result_event).decode()
                 if d.clipped:
                     fields["clipped"] = True
             ops = []

@@ -110,7 +110,8 @@ _RUN_COLS = RunRecord.__struct_fields__
 _DEEP_COLS = tuple(f for f in DeepRecord.__struct_fields__ if f != "reasoning_offset")
 _STEP_ARGS = _STEP_COLS.index("arguments")
 _RUN_JSON = (_RUN_COLS.index("environment"), _RUN_COLS.index("failure"))
-_DEEP_JSON = tuple(DeepRecord.__struct_fields__.index(name) for name in ("arguments", "output"))
+_DEEP_JSON_NAMES = ("arguments", "output", "call_event", "result_event")
+_DEEP_JSON = tuple(DeepRecord.__struct_fields__.index(name) for name in _DEEP_JSON_NAMES)
 _KEY3 = ("company_id", "run_id", "step_seq")
 _KEY2 = ("company_id", "run_id")
 _SQL_TYPES = {int: "INTEGER", bool: "INTEGER", str: "TEXT"}
@@ -205,7 +206,9 @@ def _deep_upsert() -> str:
         f"ELSE stepstream_splice(reasoning, {off}, excluded.reasoning) END, "
         "arguments = coalesce(excluded.arguments, arguments), "
         "output = coalesce(excluded.output, output), "
-        "clipped = max(clipped, excluded.clipped)"
+        "clipped = max(clipped, excluded.clipped), "
+        "call_event = coalesce(excluded.call_event, call_event), "
+        "result_event = coalesce(excluded.result_event, result_event)"
     )
 
 
@@ -280,9 +283,9 @@ def deep_params(deeps: Sequence[DeepRecord]) -> list[tuple[Any, ...]]:
     out = []
     for d in deeps:
         row = astuple(d)
-        if d.arguments is not None or d.output is not None:
+        if d.arguments is not None or d.output is not None or d.call_event is not None or d.result_event is not None:
             row = list(row)
-            for i in _DEEP_JSON:  # bodies are JSON values: stored as their JSON text
+            for i in _DEEP_JSON:  # bodies and envelopes are JSON values: stored as their JSON text
                 if row[i] is not None:
                     row[i] = encode(row[i]).decode()
         out.append(tuple(row))
@@ -453,7 +456,7 @@ def _run(row: Sequence[Any]) -> RunRecord:
 def _deep(row: Sequence[Any]) -> DeepRecord:
     values = dict(zip(_DEEP_COLS, row, strict=True))
     values["clipped"] = bool(values["clipped"])
-    for name in ("arguments", "output"):
+    for name in _DEEP_JSON_NAMES:
         if values[name] is not None:
             values[name] = msgspec.json.decode(values[name])
     return DeepRecord(**values)
@@ -608,7 +611,21 @@ class SqliteDeepStore:
 
     async def open(self) -> SqliteDeepStore:
         await self._db.open(deep_schema())
+        await self._add_missing_columns()
         return self
+
+    async def _add_missing_columns(self) -> None:
+        """A file made before a DeepRecord field existed (the envelopes) gets its column (nullable)."""
+        have = {row[1] for row in await self._db.fetch("PRAGMA table_info(run_step_details)", ())}
+        missing = [c for c in _DEEP_COLS if c not in have]
+        if missing:
+            statements = "".join(f"ALTER TABLE run_step_details ADD COLUMN {c} TEXT;\n" for c in missing)
+            conn = self._db.writer
+            assert conn is not None
+            try:
+                await conn.executescript(f"BEGIN IMMEDIATE;\n{statements}COMMIT;")
+            except sqlite3.Error as exc:
+                raise _error(exc, "add columns to run_step_details") from exc
 
     async def write(self, deeps: Sequence[DeepRecord]) -> None:
         if not deeps:
