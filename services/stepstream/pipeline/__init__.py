@@ -20,6 +20,9 @@ Contracts:
 
 * **Never a fold ahead of the store.** A batch is written whole, retried in place, or
   the process stops (:class:`StoreFailed`); no batch is dropped while folds moved on.
+* **Group commit.** A batch is written when it holds ``batch_records`` (records
+  consumed plus rows made) or is ``batch_seconds`` old; while the previous write is
+  still in flight it goes on growing, up to ``GROWTH`` times ``batch_records``.
 * **Bounds.** At most ``max_open_runs`` folds (the least recently used are flushed and
   dropped); a held message is at most ``max_hold_seconds`` old before its tail is
   flushed (trigger ``age``); idle tails flush after ``Limits.idle_seconds`` (``idle``);
@@ -49,6 +52,9 @@ from stepstream.sinks.ports import DeepStore, StepStore
 __all__ = ["NotLoaded", "Pipeline", "RowBatch", "StoreFailed"]
 
 _MISSING: Any = object()
+
+#: How many times ``batch_records`` a batch may grow to while the previous write is in flight.
+GROWTH = 4
 
 
 class NotLoaded(RuntimeError):
@@ -144,7 +150,22 @@ class Pipeline:
             self._take(key, out, tp, offset, now, event.ts.timestamp(), tag == "thinking_delta")
             if tag == "run_end":
                 batch.ended.append(key)
-        return len(batch) >= self._batch_records
+        return self._full(len(batch))
+
+    def _full(self, length: int) -> bool:
+        """Group commit: a batch of ``batch_records`` is written once the store is free;
+        while the previous write is still in flight it keeps growing, up to
+        :data:`GROWTH` times that, so a slow store takes fewer, larger writes instead of
+        stopping the folds at every batch."""
+        if length < self._batch_records:
+            return False
+        return length >= self._batch_records * GROWTH or not self.writing
+
+    @property
+    def writing(self) -> bool:
+        """Whether a batch write is in flight."""
+        task = self._inflight
+        return task is not None and not task.done()
 
     async def push(self, event: Event, tp: Hashable = None, offset: int = 0) -> None:
         """:meth:`load`, :meth:`apply` and, when the batch is full, :meth:`flush`."""
@@ -237,7 +258,10 @@ class Pipeline:
 
     def due(self) -> bool:
         """Whether the open batch is old enough to be written."""
-        return len(self._batch) > 0 and self._clock() - self._batch.opened >= self._batch_seconds
+        length = len(self._batch)
+        if length == 0 or self._clock() - self._batch.opened < self._batch_seconds:
+            return False
+        return not self.writing or length >= self._batch_records * GROWTH
 
     async def flush(self, *, wait: bool = True) -> None:
         """Seal the open batch, write it under the fault policy and mark it durable.

@@ -64,6 +64,7 @@ import asyncio
 import contextlib
 import sqlite3
 import time
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
@@ -305,8 +306,8 @@ def _error(exc: sqlite3.Error, what: str) -> SinkError:
     return kind(f"sqlite sink: {what}: {exc}")
 
 
-async def _write_rows(
-    conn: aiosqlite.Connection,
+def _write_rows(
+    conn: sqlite3.Connection,
     table: str,
     sql: str,
     params_of: Callable[[Sequence[Any]], list[tuple[Any, ...]]],
@@ -315,7 +316,7 @@ async def _write_rows(
     """``executemany`` of ``records`` into ``table``; a value SQLite cannot hold is a
     :class:`SinkError` naming the table (the caller's transaction rolls back)."""
     try:
-        await conn.executemany(sql, params_of(records))
+        conn.executemany(sql, params_of(records))
     except sqlite3.Error as exc:
         raise _error(exc, f"write {table}") from exc
     except Exception as exc:  # OverflowError, UnicodeEncodeError, ...: never retriable
@@ -327,7 +328,13 @@ def _probe(path: str) -> None:
 
 
 class _Database:
-    """A writer connection (one transaction at a time) and a reader connection."""
+    """A writer connection, owned by one thread that runs each transaction whole, and
+    an aiosqlite reader connection.
+
+    A transaction body is a plain function of the ``sqlite3`` connection, run start to
+    end on the writer thread: one hand-off per write instead of one per statement, so
+    a write goes on while the event loop is busy folding the next batch (SQLite
+    releases the GIL while it works)."""
 
     def __init__(self, path: str, synchronous: str, busy_timeout_ms: int) -> None:
         if synchronous.upper() not in ("FULL", "NORMAL") or busy_timeout_ms < 0:
@@ -337,26 +344,42 @@ class _Database:
         self.synchronous = synchronous.upper()
         self.busy_timeout_ms = int(busy_timeout_ms)
         self.durability = ""
-        self.writer: aiosqlite.Connection | None = None
+        self._thread: ThreadPoolExecutor | None = None
+        self._writer: sqlite3.Connection | None = None
         self.reader: aiosqlite.Connection | None = None
         self.write_lock = asyncio.Lock()
 
     async def open(self, schema: str) -> None:
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="stepstream-sqlite-writer")
         try:
-            # A file that cannot be opened fails here, before aiosqlite starts a worker
-            # thread: after a failed connect aiosqlite 0.22 leaves that thread settling
-            # a future no one awaits, which breaks once the event loop is closed.
-            await asyncio.to_thread(_probe, self.path)
-            self.writer = await self._connect()
-            await self.writer.create_function("stepstream_splice", 3, apply_reasoning, deterministic=True)
-            await self.writer.execute_fetchall("PRAGMA journal_mode=WAL")
-            ((level,),) = await self.writer.execute_fetchall("PRAGMA synchronous")
-            self.durability = f"synchronous={_SYNCHRONOUS_NAMES.get(level, level)}"
-            await self.writer.executescript(f"BEGIN IMMEDIATE;\n{schema}\nCOMMIT;")
+            await self._on_writer(self._open_writer, schema)
             self.reader = await self._connect()
         except sqlite3.Error as exc:
             await self.close()
             raise _error(exc, f"open {self.path}") from exc
+        except BaseException:
+            await self.close()
+            raise
+
+    def _open_writer(self, schema: str) -> None:
+        conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, cached_statements=64)
+        try:
+            conn.execute(f"PRAGMA busy_timeout={self.busy_timeout_ms}")
+            conn.execute(f"PRAGMA synchronous={self.synchronous}")
+            conn.create_function("stepstream_splice", 3, apply_reasoning, deterministic=True)
+            conn.execute("PRAGMA journal_mode=WAL")
+            ((level,),) = conn.execute("PRAGMA synchronous").fetchall()
+            self.durability = f"synchronous={_SYNCHRONOUS_NAMES.get(level, level)}"
+            conn.executescript(f"BEGIN IMMEDIATE;\n{schema}\nCOMMIT;")
+        except BaseException:
+            conn.close()
+            raise
+        self._writer = conn
+
+    async def _on_writer(self, fn: Callable[..., T], *args: Any) -> T:
+        if self._thread is None:
+            raise SinkError("sqlite sink: store is closed")
+        return await asyncio.get_running_loop().run_in_executor(self._thread, fn, *args)
 
     async def _connect(self) -> aiosqlite.Connection:
         conn = await aiosqlite.connect(self.path, isolation_level=None, cached_statements=64)
@@ -368,36 +391,51 @@ class _Database:
             raise
         return conn
 
-    async def transaction(self, body: Callable[[aiosqlite.Connection], Awaitable[T]]) -> T:
-        """Run ``body`` inside ``BEGIN IMMEDIATE`` ... ``COMMIT``; roll back on any error.
-        Raises only :class:`SinkError` (or what cancels the task)."""
-        conn = self.writer
+    async def transaction(self, body: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``body`` inside ``BEGIN IMMEDIATE`` ... ``COMMIT`` on the writer thread;
+        roll back on any error. Raises only :class:`SinkError` (or what cancels the
+        task; the transaction then still ends, on its thread, before the next starts)."""
+        async with self.write_lock:
+            return await self._on_writer(self._transaction, body)
+
+    def _transaction(self, body: Callable[[sqlite3.Connection], T]) -> T:
+        conn = self._writer
         if conn is None:
             raise SinkError("sqlite sink: store is closed")
-        async with self.write_lock:
-            try:
-                await conn.execute("BEGIN IMMEDIATE")
-            except sqlite3.Error as exc:
-                raise _error(exc, "begin") from exc
-            try:
-                result = await body(conn)
-                await conn.execute("COMMIT")
-                return result
-            except BaseException as exc:
-                await self._rollback(conn)
-                if isinstance(exc, sqlite3.Error):
-                    raise _error(exc, "write") from exc
-                if isinstance(exc, Exception) and not isinstance(exc, SinkError):
-                    raise SinkError(f"sqlite sink: write failed: {type(exc).__name__}") from None
-                raise
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as exc:
+            raise _error(exc, "begin") from exc
+        try:
+            result = body(conn)
+            conn.execute("COMMIT")
+            return result
+        except BaseException as exc:
+            self._rollback(conn)
+            if isinstance(exc, sqlite3.Error):
+                raise _error(exc, "write") from exc
+            if isinstance(exc, Exception) and not isinstance(exc, SinkError):
+                raise SinkError(f"sqlite sink: write failed: {type(exc).__name__}") from None
+            raise
 
     @staticmethod
-    async def _rollback(conn: aiosqlite.Connection) -> None:
+    def _rollback(conn: sqlite3.Connection) -> None:
         # The error being raised is the one that matters; a failed rollback (the
         # connection already rolled back, or the disk is gone) must not replace it.
         with contextlib.suppress(sqlite3.Error, ValueError):
             if conn.in_transaction:
-                await conn.execute("ROLLBACK")
+                conn.execute("ROLLBACK")
+
+    async def script(self, sql: str) -> None:
+        """``executescript`` on the writer (schema changes)."""
+
+        def run() -> None:
+            conn = self._writer
+            if conn is None:
+                raise SinkError("sqlite sink: store is closed")
+            conn.executescript(sql)
+
+        await self._on_writer(run)
 
     async def fetch(self, sql: str, params: Sequence[Any]) -> list[Any]:
         conn = self.reader
@@ -409,10 +447,16 @@ class _Database:
             raise _error(exc, "read") from exc
 
     async def close(self) -> None:
-        for conn in (self.reader, self.writer):
-            if conn is not None:
-                await conn.close()
-        self.reader = self.writer = None
+        reader, self.reader = self.reader, None
+        if reader is not None:
+            await reader.close()
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            writer, self._writer = self._writer, None
+            if writer is not None:
+                # After any transaction still on the thread (one a cancelled caller left).
+                await asyncio.get_running_loop().run_in_executor(thread, writer.close)
+            thread.shutdown(wait=False)
 
 
 _SELECT_STEPS = f"SELECT {', '.join(_STEP_COLS)} FROM run_steps WHERE company_id = ? AND run_id = ? ORDER BY step_seq"
@@ -420,10 +464,10 @@ _SELECT_RUN = f"SELECT {', '.join(_RUN_COLS)} FROM runs"
 _RUN_BOOLS = tuple(f.name for f in msgspec.structs.fields(RunRecord) if f.type is bool)
 
 
-async def _stored_last_seq(conn: aiosqlite.Connection, keys: Sequence[RunKey]) -> dict[RunKey, int]:
+def _stored_last_seq(conn: sqlite3.Connection, keys: Sequence[RunKey]) -> dict[RunKey, int]:
     stored: dict[RunKey, int] = {}
     for size, params in _key_chunks(keys):
-        for company_id, run_id, last_seq in await conn.execute_fetchall(_stored_last_seq_sql(size), params):
+        for company_id, run_id, last_seq in conn.execute(_stored_last_seq_sql(size), params):
             stored[(company_id, run_id)] = last_seq
     return stored
 
@@ -487,10 +531,8 @@ class SqliteStepStore:
         if missing:
             types = {f.name: _SQL_TYPES.get(f.type, "TEXT") for f in msgspec.structs.fields(RunRecord)}
             statements = "".join(f"ALTER TABLE runs ADD COLUMN {c} {types[c]};\n" for c in missing)
-            conn = self._db.writer
-            assert conn is not None
             try:
-                await conn.executescript(f"BEGIN IMMEDIATE;\n{statements}COMMIT;")
+                await self._db.script(f"BEGIN IMMEDIATE;\n{statements}COMMIT;")
             except sqlite3.Error as exc:
                 raise _error(exc, "add columns to runs") from exc
 
@@ -503,9 +545,9 @@ class SqliteStepStore:
         if not (steps or runs or states):
             return []
 
-        async def body(conn: aiosqlite.Connection) -> list[RunKey]:
+        def body(conn: sqlite3.Connection) -> list[RunKey]:
             # Inside BEGIN IMMEDIATE: no other writer can land between the check and the rows.
-            stored = await _stored_last_seq(conn, state_keys(states))
+            stored = _stored_last_seq(conn, state_keys(states))
             batch = admit(steps, runs, states, stored)
             for table, sql, params_of, records in (
                 ("run_steps", _UPSERT_STEP, step_params, batch.steps),
@@ -513,7 +555,7 @@ class SqliteStepStore:
                 ("run_state", _UPSERT_STATE, state_params, batch.states),
             ):
                 if records:
-                    await _write_rows(conn, table, sql, params_of, records)
+                    _write_rows(conn, table, sql, params_of, records)
             return batch.skipped
 
         return await self._db.transaction(body)
@@ -559,8 +601,8 @@ class SqliteStepStore:
         if not run_ids:
             return 0
 
-        async def body(conn: aiosqlite.Connection) -> int:
-            cursor = await conn.executemany(
+        def body(conn: sqlite3.Connection) -> int:
+            cursor = conn.executemany(
                 "UPDATE runs SET deep_pruned_at = ? WHERE company_id = ? AND run_id = ? AND deep_pruned_at IS NULL",
                 [(at, company_id, r) for r in dict.fromkeys(run_ids)],
             )
@@ -573,10 +615,10 @@ class SqliteStepStore:
             return 0
         keys = [(company_id, r) for r in dict.fromkeys(run_ids)]
 
-        async def body(conn: aiosqlite.Connection) -> int:
+        def body(conn: sqlite3.Connection) -> int:
             for table in ("run_steps", "run_state"):
-                await conn.executemany(f"DELETE FROM {table} WHERE company_id = ? AND run_id = ?", keys)
-            cursor = await conn.executemany("DELETE FROM runs WHERE company_id = ? AND run_id = ?", keys)
+                conn.executemany(f"DELETE FROM {table} WHERE company_id = ? AND run_id = ?", keys)
+            cursor = conn.executemany("DELETE FROM runs WHERE company_id = ? AND run_id = ?", keys)
             return cursor.rowcount
 
         return await self._db.transaction(body)
@@ -620,10 +662,8 @@ class SqliteDeepStore:
         missing = [c for c in _DEEP_COLS if c not in have]
         if missing:
             statements = "".join(f"ALTER TABLE run_step_details ADD COLUMN {c} TEXT;\n" for c in missing)
-            conn = self._db.writer
-            assert conn is not None
             try:
-                await conn.executescript(f"BEGIN IMMEDIATE;\n{statements}COMMIT;")
+                await self._db.script(f"BEGIN IMMEDIATE;\n{statements}COMMIT;")
             except sqlite3.Error as exc:
                 raise _error(exc, "add columns to run_step_details") from exc
 
@@ -633,16 +673,16 @@ class SqliteDeepStore:
         clipped = clip_batch(deeps, self._limits, self.on_clip)
         received = now_text(self._clock)
 
-        async def body(conn: aiosqlite.Connection) -> None:
+        def body(conn: sqlite3.Connection) -> None:
             # Inside BEGIN IMMEDIATE: the tombstone check, the index and the rows are one step.
             keys = list(dict.fromkeys((d.company_id, d.run_id) for d in clipped))
-            pruned = await _pruned_keys(conn, keys)
+            pruned = _pruned_keys(conn, keys)
             kept = [d for d in clipped if (d.company_id, d.run_id) not in pruned] if pruned else clipped
             if not kept:
                 return
             ranks = [(c, r, rank, last, received) for (c, r), (last, rank) in batch_ranks(kept, received).items()]
-            await _write_rows(conn, "deep_runs", _UPSERT_INDEX, list, ranks)
-            await _write_rows(conn, "run_step_details", _UPSERT_DEEP, deep_params, kept)
+            _write_rows(conn, "deep_runs", _UPSERT_INDEX, list, ranks)
+            _write_rows(conn, "run_step_details", _UPSERT_DEEP, deep_params, kept)
 
         await self._db.transaction(body)
 
@@ -676,17 +716,17 @@ class SqliteDeepStore:
         if not runs:
             return []
 
-        async def body(conn: aiosqlite.Connection) -> list[str]:
+        def body(conn: sqlite3.Connection) -> list[str]:
             marked = []
             for run_id, version in runs:
                 if version == 0:
-                    cursor = await conn.execute(
+                    cursor = conn.execute(
                         "INSERT INTO deep_runs (company_id, run_id, rank, last_ts, received_at, version, pruned_at) "
                         "VALUES (?, ?, '', '', '', 0, ?) ON CONFLICT (company_id, run_id) DO NOTHING",
                         (company_id, run_id, at),
                     )
                 else:
-                    cursor = await conn.execute(
+                    cursor = conn.execute(
                         "UPDATE deep_runs SET pruned_at = ? WHERE company_id = ? AND run_id = ? "
                         "AND version = ? AND pruned_at IS NULL",
                         (at, company_id, run_id, version),
@@ -701,8 +741,8 @@ class SqliteDeepStore:
         if not run_ids:
             return 0
 
-        async def body(conn: aiosqlite.Connection) -> int:
-            cursor = await conn.executemany(
+        def body(conn: sqlite3.Connection) -> int:
+            cursor = conn.executemany(
                 "DELETE FROM run_step_details WHERE company_id = ?1 AND run_id = ?2 AND EXISTS (SELECT 1 FROM "
                 "deep_runs WHERE company_id = ?1 AND run_id = ?2 AND pruned_at IS NOT NULL)",
                 [(company_id, r) for r in dict.fromkeys(run_ids)],
@@ -712,11 +752,11 @@ class SqliteDeepStore:
         return await self._db.transaction(body)
 
     async def purge_run(self, company_id: str, run_id: str) -> int:
-        async def body(conn: aiosqlite.Connection) -> int:
-            cursor = await conn.execute(
+        def body(conn: sqlite3.Connection) -> int:
+            cursor = conn.execute(
                 "DELETE FROM run_step_details WHERE company_id = ? AND run_id = ?", (company_id, run_id)
             )
-            await conn.execute(
+            conn.execute(
                 "DELETE FROM deep_runs WHERE company_id = ? AND run_id = ? AND pruned_at IS NULL", (company_id, run_id)
             )
             return cursor.rowcount
@@ -724,9 +764,9 @@ class SqliteDeepStore:
         return await self._db.transaction(body)
 
     async def purge_company(self, company_id: str) -> int:
-        async def body(conn: aiosqlite.Connection) -> int:
-            cursor = await conn.execute("DELETE FROM run_step_details WHERE company_id = ?", (company_id,))
-            await conn.execute("DELETE FROM deep_runs WHERE company_id = ? AND pruned_at IS NULL", (company_id,))
+        def body(conn: sqlite3.Connection) -> int:
+            cursor = conn.execute("DELETE FROM run_step_details WHERE company_id = ?", (company_id,))
+            conn.execute("DELETE FROM deep_runs WHERE company_id = ? AND pruned_at IS NULL", (company_id,))
             return cursor.rowcount
 
         return await self._db.transaction(body)
@@ -764,12 +804,12 @@ _UPSERT_INDEX = (
 )
 
 
-async def _pruned_keys(conn: aiosqlite.Connection, keys: Sequence[RunKey]) -> set[RunKey]:
+def _pruned_keys(conn: sqlite3.Connection, keys: Sequence[RunKey]) -> set[RunKey]:
     """Those runs that are marked pruned (one primary-key search per key)."""
     found: set[RunKey] = set()
     for size, params in _key_chunks(keys):
         values = ", ".join(["(?, ?)"] * size)
-        rows = await conn.execute_fetchall(
+        rows = conn.execute(
             f"WITH k(company_id, run_id) AS (VALUES {values}) SELECT d.company_id, d.run_id "
             "FROM k CROSS JOIN deep_runs AS d USING (company_id, run_id) WHERE d.pruned_at IS NOT NULL",
             params,
