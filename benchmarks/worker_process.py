@@ -66,28 +66,70 @@ class Throughput(msgspec.Struct, frozen=True):
         return self.runqueue / self.seconds if self.seconds > 0 else float("nan")
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU of every thread of ``pid`` so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+def tree(pid: int) -> list[int]:
+    """``pid`` and every process descended from it (the SQLite sink's writer processes)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(entry.name))
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo.extend(children.get(p, ()))
+    return out
+
+
+def _own_cpu(pid: int) -> float:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
     return (int(fields[11]) + int(fields[12])) / TICKS
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU so far of every thread of ``pid`` and of its descendants
+    (those alive now: the worker's writer processes live as long as it does)."""
+    return sum(_own_cpu(p) for p in tree(pid))
+
+
 def runqueue_seconds(pid: int) -> float:
-    """Seconds the threads of ``pid`` (those alive now) spent runnable but not running."""
+    """Seconds the threads of ``pid`` and its descendants (those alive now) spent
+    runnable but not running."""
     total = 0
-    for task in Path(f"/proc/{pid}/task").iterdir():
+    for p in tree(pid):
         try:
-            total += int((task / "schedstat").read_text().split()[1])
-        except (OSError, IndexError, ValueError):
+            tasks = list(Path(f"/proc/{p}/task").iterdir())
+        except OSError:
             continue
+        for task in tasks:
+            try:
+                total += int((task / "schedstat").read_text().split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
     return total / 1e9
 
 
+def _hwm_mib(pid: int) -> float:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
 def peak_rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
+    """Peak resident memory of ``pid`` plus that of each of its descendants."""
+    total = sum(_hwm_mib(p) for p in tree(pid))
+    return total if total else float("nan")
 
 
 def metric_sum(text: str, name: str) -> float:

@@ -19,6 +19,8 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -62,8 +64,22 @@ class CompactorProcess:
         self.proc.wait(10)
         self._log.close()
 
+    def serving(self, timeout: float = 60.0) -> bool:
+        """Until /healthz answers (the stores are open, the signal handlers set);
+        False if the process exits or the time runs out first."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and self.proc.poll() is None:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/healthz", timeout=2):
+                    return True
+            except (OSError, urllib.error.URLError):
+                time.sleep(0.1)
+        return False
+
     def stop(self) -> int:
+        """SIGTERM once it serves (a process still importing has no handler yet)."""
         if self.proc.poll() is None:
+            assert self.serving(), f"the compactor never served /healthz:\n{self.tail()}"
             self.proc.send_signal(signal.SIGTERM)
         rc = self.proc.wait(20)
         self._log.close()

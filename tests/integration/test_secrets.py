@@ -18,26 +18,11 @@ from stepstream.core.wire import encode_event
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
 from fold_support import Script  # noqa: E402
-from secret_corpus import secret_cases  # noqa: E402
+from secret_corpus import secret_cases, strings_of  # noqa: E402
 
 pytestmark = pytest.mark.integration
 
 CASES = secret_cases(seed=31, rounds=1)
-
-
-def strings_of(value) -> list[str]:
-    out: list[str] = []
-    stack = [value]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, str):
-            out.append(node)
-        elif isinstance(node, dict):
-            out.extend(k for k in node if isinstance(k, str))
-            stack.extend(node.values())
-        elif isinstance(node, list):
-            stack.extend(node)
-    return out
 
 
 def _good_events() -> list:

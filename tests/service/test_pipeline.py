@@ -4,6 +4,7 @@ bounds (held-message age, open runs) and the store fault policy."""
 
 from __future__ import annotations
 
+import asyncio
 import random
 from datetime import datetime, timedelta, timezone
 
@@ -412,3 +413,62 @@ async def test_a_late_event_in_a_later_batch_lands():
     pipe2 = _pipe(steps, deep)
     await pipe2.push(_ev(ToolResult, ToolResultPayload(call_id="c", output="ok"), 2))
     assert pipe2.duplicates == 1
+
+
+class GatedStepStore(MemoryStepStore):
+    """Each write waits until the test opens the gate."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = asyncio.Event()
+        self.sizes: list[int] = []
+
+    async def write(self, steps, runs=(), states=()):
+        await self.gate.wait()
+        self.sizes.append(len(steps))
+        return await super().write(steps, runs, states)
+
+
+async def test_group_commit_a_batch_grows_while_the_previous_write_is_in_flight():
+    """Full at ``batch_records`` when the store is free; while a write is in flight the
+    next batch keeps folding, up to GROWTH times that, and is written once the store
+    is free; the timer does not start a write that would only wait either."""
+    from stepstream.pipeline import GROWTH
+
+    steps, deep = GatedStepStore(), MemoryDeepStore()
+    clock = Clock()
+    pipe = _pipe(steps, deep, batch_records=10, batch_seconds=0.05, clock=clock)
+    feed = Feed(pipe)
+    seq = iter(range(10_000))
+
+    def call() -> ToolCall:
+        n = next(seq)
+        return _ev(ToolCall, ToolCallPayload(call_id=f"c{n}", tool="t", arguments={}), n)
+
+    await pipe.load([("acme", "r1")])
+    full = False
+    while not full:
+        full = pipe.apply(call(), feed.tp, feed.offset)
+        feed.offset += 1
+    first = len(pipe._batch)
+    assert 10 <= first < 10 + 4  # full at batch_records (one event adds a few)
+    await pipe.flush(wait=False)  # the write waits at the gate
+    assert pipe.writing
+    grown = 0
+    while True:
+        grown += 1
+        if pipe.apply(call(), feed.tp, feed.offset):
+            break
+        clock.now += 1.0
+        assert not pipe.due()  # old enough, but the store is busy
+        assert grown < 100
+    assert 10 * GROWTH <= len(pipe._batch) < 10 * GROWTH + 4
+    steps.gate.set()
+    await pipe.flush()
+    assert not pipe.writing and len(steps.sizes) == 2 and steps.sizes[1] > steps.sizes[0] * 2
+    # A free store again: full at batch_records.
+    full, n = False, 0
+    while not full:
+        full = pipe.apply(call(), feed.tp, feed.offset)
+        n += 1
+    assert len(pipe._batch) < 10 + 4

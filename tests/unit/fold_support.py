@@ -139,3 +139,27 @@ def fold_all(
 def records_json(out: Output) -> str:
     """The steps and run record of an Output as JSON text (what an operator can see)."""
     return msgspec.json.encode([out.steps, out.run]).decode()
+
+
+def restart_from_every_snapshot(deliveries: list, lim: Limits, reference: Store, outs: list[Output]) -> None:
+    """For every durable snapshot in ``outs`` (what an uninterrupted fold of
+    ``deliveries`` made into ``reference``): the sink holds everything up to it, its run
+    restarts from it (through JSON, as a store keeps it) and replays all its events,
+    the other runs go on untouched; the sink must end equal to ``reference``."""
+    for k, out in enumerate(outs):
+        if out.state is None:
+            continue
+        store = Store()
+        for o in outs[: k + 1]:
+            store.write(o)
+        run = out.state.run_id
+        restored = msgspec.json.decode(msgspec.json.encode(out.state), type=RunState)
+        fold = RunFold("acme", run, restored, lim)
+        for o in outs[k + 1 :]:
+            if all(r.run_id != run for r in [*o.steps, *o.deeps]) and (o.state is None or o.state.run_id != run):
+                store.write(o)
+        for e in deliveries:
+            if e.run_id == run:
+                store.write(fold.push(e, 0.0))
+        store.write(fold.flush())
+        assert store.snapshot() == reference.snapshot(), f"restart from snapshot {k} of run {run}"

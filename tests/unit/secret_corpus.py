@@ -22,6 +22,8 @@ import string
 import uuid
 from typing import NamedTuple
 
+import msgspec
+
 ALNUM = string.ascii_letters + string.digits
 UPPER_DIGITS = string.ascii_uppercase + string.digits
 HEX = "0123456789abcdef"
@@ -262,3 +264,19 @@ def innocent_cases(seed: int = 11, count: int = 600) -> list[str]:
         lambda: f"SELECT id, password_hash IS NOT NULL AS has_password FROM users LIMIT {rng.randint(1, 99)}",
     ]
     return [rng.choice(makers)() for _ in range(count)]
+
+
+def strings_of(value) -> list[str]:
+    """Every string in ``value``, keys included (checked raw: JSON would escape them)."""
+    out: list[str] = []
+    stack = [msgspec.to_builtins(value)]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, str):
+            out.append(node)
+        elif isinstance(node, dict):
+            out.extend(k for k in node if isinstance(k, str))
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return out

@@ -15,12 +15,11 @@ from datetime import timedelta
 from typing import Any
 
 import msgspec
-from fold_support import T0, Store, ev
+from fold_support import T0, Store, ev, restart_from_every_snapshot
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from stepstream.core import wire
 from stepstream.core.fold import Limits, RunFold
-from stepstream.core.records import RunState
 from test_fold_properties import ingest, ops, to_event, worker
 
 PROPS = settings(max_examples=200, deadline=None, print_blob=True, suppress_health_check=[HealthCheck.too_slow])
@@ -169,23 +168,7 @@ def test_late_duplicate_and_gapped_deliveries_are_deterministic(case, data):
 def test_restart_from_every_durable_snapshot_with_late_events(case):
     lim, _, deliveries = case
     reference, outs = ingest(deliveries, lim)
-    for k, out in enumerate(outs):
-        if out.state is None:
-            continue
-        store = Store()
-        for o in outs[: k + 1]:
-            store.write(o)
-        run = out.state.run_id
-        restored = msgspec.json.decode(msgspec.json.encode(out.state), type=RunState)
-        fold = RunFold("acme", run, restored, lim)
-        for o in outs[k + 1 :]:
-            if all(r.run_id != run for r in [*o.steps, *o.deeps]) and (o.state is None or o.state.run_id != run):
-                store.write(o)
-        for e in deliveries:
-            if e.run_id == run:
-                store.write(fold.push(e, 0.0))
-        store.write(fold.flush())
-        assert store.snapshot() == reference.snapshot()
+    restart_from_every_snapshot(deliveries, lim, reference, outs)
 
 
 # -- one decision per event type (docs/engine.md, "Late events") -------------------

@@ -11,12 +11,11 @@ from datetime import timedelta
 from typing import Any
 
 import msgspec
-from fold_support import T0, Store, ev
+from fold_support import T0, Store, ev, restart_from_every_snapshot
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from stepstream.core.caps import clip, json_text
 from stepstream.core.fold import Limits, Output, RunFold
-from stepstream.core.records import RunState
 
 CANARIES = ("THINKCANARY", "OUTCANARY", "INCANARY", "ARGSECRET", "STATESECRET")
 PIECES = ("a", "b", " ", "é", "ß", "日本", "😀", "👩‍💻", "🇪🇺", "\n", "THINKCANARY", "𝔘")
@@ -268,23 +267,6 @@ def test_replaying_a_prefix_changes_nothing(scenario, data):
 @PROPS
 @given(scenarios())
 def test_restart_from_every_durable_snapshot(scenario):
-    lim, scripts, deliveries = scenario
+    lim, _, deliveries = scenario
     reference, outs = ingest(deliveries, lim)
-    for k, out in enumerate(outs):
-        if out.state is None:
-            continue
-        # The sink holds everything up to this snapshot; its run restarts from it.
-        store = Store()
-        for o in outs[: k + 1]:
-            store.write(o)
-        run = out.state.run_id
-        restored = msgspec.json.decode(msgspec.json.encode(out.state), type=RunState)
-        folds = {run: RunFold("acme", run, restored, lim)}
-        for o in outs[k + 1 :]:
-            if all(r.run_id != run for r in [*o.steps, *o.deeps]) and (o.state is None or o.state.run_id != run):
-                store.write(o)  # other runs go on untouched
-        for e in deliveries:
-            if e.run_id == run:
-                store.write(folds[run].push(e, 0.0))
-        store.write(folds[run].flush())
-        assert store.snapshot() == reference.snapshot()
+    restart_from_every_snapshot(deliveries, lim, reference, outs)

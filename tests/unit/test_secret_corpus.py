@@ -9,10 +9,9 @@ import logging
 import sys
 from collections import Counter
 
-import msgspec
 import pytest
 from fold_support import Script, fold_all
-from secret_corpus import innocent_cases, secret_cases
+from secret_corpus import innocent_cases, secret_cases, strings_of
 from stepstream.core.redact import LABEL_CHARS, mask_credentials, redact, scrub
 from stepstream.core.wire import decode_event
 from stepstream.errors import WireError
@@ -20,22 +19,6 @@ from stepstream.logscrub import scrub_record
 
 SECRETS = secret_cases()
 INNOCENT = innocent_cases()
-
-
-def strings_of(value) -> list[str]:
-    """Every string in ``value``, keys included (checked raw: JSON would escape them)."""
-    out: list[str] = []
-    stack = [msgspec.to_builtins(value)]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, str):
-            out.append(node)
-        elif isinstance(node, dict):
-            out.extend(k for k in node if isinstance(k, str))
-            stack.extend(node.values())
-        elif isinstance(node, list):
-            stack.extend(node)
-    return out
 
 
 def test_the_corpus_is_large_and_covers_every_class():

@@ -87,11 +87,29 @@ async def run_compactor(settings: Settings, *, once: bool = False, metrics: Metr
     """The service (module docstring); returns the exit status."""
     metrics = metrics or Metrics()
     policy = policy_from(settings)
-    steps = await open_step_store(settings.steps_sink)
+    loop = asyncio.get_running_loop()
+    wake = asyncio.Event()
+    compactor: Compactor | None = None
+
+    def on_signal() -> None:
+        log.warning("compactor: stopping after the stage in progress")
+        if compactor is not None:
+            compactor.stop()
+        wake.set()
+
+    # Before the stores open (that takes a moment): a stop meanwhile is a clean exit.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal)
     try:
-        deep = await open_deep_store(settings.deep)
+        steps = await open_step_store(settings.steps_sink)
+        try:
+            deep = await open_deep_store(settings.deep)
+        except BaseException:
+            await steps.close()
+            raise
     except BaseException:
-        await steps.close()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
         raise
     if settings.fault_plan:  # chaos tests only (sinks/faults.py)
         from stepstream.sinks.faults import wrap_stores
@@ -99,17 +117,9 @@ async def run_compactor(settings: Settings, *, once: bool = False, metrics: Metr
         steps, deep = wrap_stores(steps, deep, settings.fault_plan)
     publisher = KafkaPublisher(settings.broker, settings.topic)
     compactor = Compactor(steps, deep, policy, metrics=metrics, publisher=publisher)
-    runner = None
-    wake = asyncio.Event()
-    loop = asyncio.get_running_loop()
-
-    def on_signal() -> None:
-        log.warning("compactor: stopping after the stage in progress")
+    if wake.is_set():
         compactor.stop()
-        wake.set()
-
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, on_signal)
+    runner = None
     try:
         if once:
             report = await compactor.run_pass()

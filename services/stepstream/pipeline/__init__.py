@@ -43,7 +43,7 @@ from stepstream.core.fold import Limits, Output, RunFold
 from stepstream.core.records import RunState
 from stepstream.core.wire import Event
 from stepstream.ingest.ledger import Ledger
-from stepstream.metrics import Metrics
+from stepstream.metrics import Metrics, observe_many
 from stepstream.pipeline.batch import RowBatch, RunKey
 from stepstream.pipeline.folds import FoldCache
 from stepstream.pipeline.writer import BatchWriter, StoreFailed
@@ -124,11 +124,17 @@ class Pipeline:
             runs = wanted.setdefault(key[0], [])
             if not runs or runs[-1] != key[1]:
                 runs.append(key[1])
-        for company, runs in wanted.items():
+        if not wanted:
+            return
+
+        async def one(company: str, runs: list[str]) -> None:
             unique = list(dict.fromkeys(runs))
             states = await self.writer.read(lambda: self._steps.load_states(company, unique))
             for run in unique:
                 self._staged[(company, run)] = states.get(run)
+
+        # The companies' queries at once: one wait instead of one per company.
+        await asyncio.gather(*(one(company, runs) for company, runs in wanted.items()))
 
     def apply(self, event: Event, tp: Hashable = None, offset: int = 0) -> bool:
         """Fold one event into the open batch; ``True`` when the batch is full (the
@@ -150,7 +156,8 @@ class Pipeline:
             self._take(key, out, tp, offset, now, event.ts.timestamp(), tag == "thinking_delta")
             if tag == "run_end":
                 batch.ended.append(key)
-        return self._full(len(batch))
+        length = len(batch)
+        return length >= self._batch_records and self._full(length)
 
     def _full(self, length: int) -> bool:
         """Group commit: a batch of ``batch_records`` is written once the store is free;
@@ -331,9 +338,7 @@ class Pipeline:
         wall = self._wall()
         for kind, times in (("other", batch.event_ts), ("thinking_delta", batch.delta_ts)):
             if times:
-                observe = m.ingest_lag.labels(kind).observe
-                for ts in times:
-                    observe(max(0.0, wall - ts))
+                observe_many(m.ingest_lag.labels(kind), [wall - ts if ts < wall else 0.0 for ts in times])
         m.open_runs.set(len(self.folds))
         m.pending_events.set(self.held)
         if self.ledger is not None:

@@ -64,7 +64,6 @@ import asyncio
 import contextlib
 import sqlite3
 import time
-from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
@@ -75,6 +74,7 @@ from stepstream.core.records import DeepRecord, RunRecord, RunState, StepRecord
 from stepstream.errors import ConfigError, SinkError, SinkUnavailable
 from stepstream.sinks.ports import Capabilities, DeepRun, RunsPage
 from stepstream.sinks.retention import Clock, IndexEntry, batch_ranks, merge_index, now_text, prune_via_marks
+from stepstream.sinks.sqlite_writer import WriterProcess
 from stepstream.sinks.semantics import (
     ClipHook,
     RunKey,
@@ -328,13 +328,8 @@ def _probe(path: str) -> None:
 
 
 class _Database:
-    """A writer connection, owned by one thread that runs each transaction whole, and
-    an aiosqlite reader connection.
-
-    A transaction body is a plain function of the ``sqlite3`` connection, run start to
-    end on the writer thread: one hand-off per write instead of one per statement, so
-    a write goes on while the event loop is busy folding the next batch (SQLite
-    releases the GIL while it works)."""
+    """A writer connection in a child process (``sinks.sqlite_writer``), running each
+    transaction whole, and an aiosqlite reader connection in this process."""
 
     def __init__(self, path: str, synchronous: str, busy_timeout_ms: int) -> None:
         if synchronous.upper() not in ("FULL", "NORMAL") or busy_timeout_ms < 0:
@@ -344,15 +339,22 @@ class _Database:
         self.synchronous = synchronous.upper()
         self.busy_timeout_ms = int(busy_timeout_ms)
         self.durability = ""
-        self._thread: ThreadPoolExecutor | None = None
-        self._writer: sqlite3.Connection | None = None
+        self._writer: WriterProcess | None = None
         self.reader: aiosqlite.Connection | None = None
         self.write_lock = asyncio.Lock()
 
     async def open(self, schema: str) -> None:
-        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="stepstream-sqlite-writer")
+        """Open the file; ``schema`` names the tables to make: ``steps`` or ``deep``."""
         try:
-            await self._on_writer(self._open_writer, schema)
+            # A file that cannot be opened fails here, before any process or thread starts.
+            await asyncio.to_thread(_probe, self.path)
+        except sqlite3.Error as exc:
+            raise _error(exc, f"open {self.path}") from exc
+        writer = WriterProcess(self.path, self.synchronous, self.busy_timeout_ms, schema)
+        await writer.start()
+        self._writer = writer
+        self.durability = writer.durability
+        try:
             self.reader = await self._connect()
         except sqlite3.Error as exc:
             await self.close()
@@ -360,26 +362,6 @@ class _Database:
         except BaseException:
             await self.close()
             raise
-
-    def _open_writer(self, schema: str) -> None:
-        conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, cached_statements=64)
-        try:
-            conn.execute(f"PRAGMA busy_timeout={self.busy_timeout_ms}")
-            conn.execute(f"PRAGMA synchronous={self.synchronous}")
-            conn.create_function("stepstream_splice", 3, apply_reasoning, deterministic=True)
-            conn.execute("PRAGMA journal_mode=WAL")
-            ((level,),) = conn.execute("PRAGMA synchronous").fetchall()
-            self.durability = f"synchronous={_SYNCHRONOUS_NAMES.get(level, level)}"
-            conn.executescript(f"BEGIN IMMEDIATE;\n{schema}\nCOMMIT;")
-        except BaseException:
-            conn.close()
-            raise
-        self._writer = conn
-
-    async def _on_writer(self, fn: Callable[..., T], *args: Any) -> T:
-        if self._thread is None:
-            raise SinkError("sqlite sink: store is closed")
-        return await asyncio.get_running_loop().run_in_executor(self._thread, fn, *args)
 
     async def _connect(self) -> aiosqlite.Connection:
         conn = await aiosqlite.connect(self.path, isolation_level=None, cached_statements=64)
@@ -391,51 +373,15 @@ class _Database:
             raise
         return conn
 
-    async def transaction(self, body: Callable[[sqlite3.Connection], T]) -> T:
-        """Run ``body`` inside ``BEGIN IMMEDIATE`` ... ``COMMIT`` on the writer thread;
-        roll back on any error. Raises only :class:`SinkError` (or what cancels the
-        task; the transaction then still ends, on its thread, before the next starts)."""
-        async with self.write_lock:
-            return await self._on_writer(self._transaction, body)
-
-    def _transaction(self, body: Callable[[sqlite3.Connection], T]) -> T:
-        conn = self._writer
-        if conn is None:
+    async def transaction(self, op: str, *args: Any) -> Any:
+        """Run operation ``op`` of :data:`OPERATIONS` (one transaction) in the writer
+        process. Raises only :class:`SinkError` (or what cancels the task; the
+        transaction then still ends in the writer before the next one starts)."""
+        writer = self._writer
+        if writer is None:
             raise SinkError("sqlite sink: store is closed")
-        try:
-            conn.execute("BEGIN IMMEDIATE")
-        except sqlite3.Error as exc:
-            raise _error(exc, "begin") from exc
-        try:
-            result = body(conn)
-            conn.execute("COMMIT")
-            return result
-        except BaseException as exc:
-            self._rollback(conn)
-            if isinstance(exc, sqlite3.Error):
-                raise _error(exc, "write") from exc
-            if isinstance(exc, Exception) and not isinstance(exc, SinkError):
-                raise SinkError(f"sqlite sink: write failed: {type(exc).__name__}") from None
-            raise
-
-    @staticmethod
-    def _rollback(conn: sqlite3.Connection) -> None:
-        # The error being raised is the one that matters; a failed rollback (the
-        # connection already rolled back, or the disk is gone) must not replace it.
-        with contextlib.suppress(sqlite3.Error, ValueError):
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-
-    async def script(self, sql: str) -> None:
-        """``executescript`` on the writer (schema changes)."""
-
-        def run() -> None:
-            conn = self._writer
-            if conn is None:
-                raise SinkError("sqlite sink: store is closed")
-            conn.executescript(sql)
-
-        await self._on_writer(run)
+        async with self.write_lock:
+            return await writer.call(op, *args)
 
     async def fetch(self, sql: str, params: Sequence[Any]) -> list[Any]:
         conn = self.reader
@@ -450,13 +396,67 @@ class _Database:
         reader, self.reader = self.reader, None
         if reader is not None:
             await reader.close()
-        thread, self._thread = self._thread, None
-        if thread is not None:
-            writer, self._writer = self._writer, None
-            if writer is not None:
-                # After any transaction still on the thread (one a cancelled caller left).
-                await asyncio.get_running_loop().run_in_executor(thread, writer.close)
-            thread.shutdown(wait=False)
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            await writer.close()
+
+
+def open_writer(path: str, synchronous: str, busy_timeout_ms: int, schema: str) -> tuple[sqlite3.Connection, str]:
+    """The writer connection (in the writer process): PRAGMAs, the splice function,
+    WAL, and the ``schema`` (``steps`` or ``deep``) made if missing."""
+    try:
+        conn = sqlite3.connect(path, isolation_level=None, cached_statements=64)
+    except sqlite3.Error as exc:
+        raise _error(exc, f"open {path}") from exc
+    try:
+        conn.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
+        conn.execute(f"PRAGMA synchronous={synchronous}")
+        conn.create_function("stepstream_splice", 3, apply_reasoning, deterministic=True)
+        conn.execute("PRAGMA journal_mode=WAL")
+        ((level,),) = conn.execute("PRAGMA synchronous").fetchall()
+        tables = {"steps": step_schema, "deep": deep_schema}[schema]()
+        conn.executescript(f"BEGIN IMMEDIATE;\n{tables}\nCOMMIT;")
+    except sqlite3.Error as exc:
+        conn.close()
+        raise _error(exc, f"open {path}") from exc
+    except BaseException:
+        conn.close()
+        raise
+    return conn, f"synchronous={_SYNCHRONOUS_NAMES.get(level, level)}"
+
+
+def _transactional(body: Callable[..., T]) -> Callable[..., T]:
+    """``body(conn, *args)`` inside ``BEGIN IMMEDIATE`` ... ``COMMIT``, rolled back on
+    any error; raises only :class:`SinkError`."""
+
+    def run(conn: sqlite3.Connection, *args: Any) -> T:
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as exc:
+            raise _error(exc, "begin") from exc
+        try:
+            result = body(conn, *args)
+            conn.execute("COMMIT")
+            return result
+        except BaseException as exc:
+            with contextlib.suppress(sqlite3.Error, ValueError):
+                # The error being raised is the one that matters, not a failed rollback.
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+            if isinstance(exc, sqlite3.Error):
+                raise _error(exc, "write") from exc
+            if isinstance(exc, Exception) and not isinstance(exc, SinkError):
+                raise SinkError(f"sqlite sink: write failed: {type(exc).__name__}") from None
+            raise
+
+    return run
+
+
+def _script(conn: sqlite3.Connection, sql: str) -> None:
+    try:
+        conn.executescript(sql)
+    except sqlite3.Error as exc:
+        raise _error(exc, "change the schema") from exc
 
 
 _SELECT_STEPS = f"SELECT {', '.join(_STEP_COLS)} FROM run_steps WHERE company_id = ? AND run_id = ? ORDER BY step_seq"
@@ -520,7 +520,7 @@ class SqliteStepStore:
         return self._db.durability
 
     async def open(self) -> SqliteStepStore:
-        await self._db.open(step_schema())
+        await self._db.open("steps")
         await self._add_missing_columns()
         return self
 
@@ -531,10 +531,7 @@ class SqliteStepStore:
         if missing:
             types = {f.name: _SQL_TYPES.get(f.type, "TEXT") for f in msgspec.structs.fields(RunRecord)}
             statements = "".join(f"ALTER TABLE runs ADD COLUMN {c} {types[c]};\n" for c in missing)
-            try:
-                await self._db.script(f"BEGIN IMMEDIATE;\n{statements}COMMIT;")
-            except sqlite3.Error as exc:
-                raise _error(exc, "add columns to runs") from exc
+            await self._db.transaction("script", f"BEGIN IMMEDIATE;\n{statements}COMMIT;")
 
     async def write(
         self,
@@ -544,21 +541,7 @@ class SqliteStepStore:
     ) -> list[RunKey]:
         if not (steps or runs or states):
             return []
-
-        def body(conn: sqlite3.Connection) -> list[RunKey]:
-            # Inside BEGIN IMMEDIATE: no other writer can land between the check and the rows.
-            stored = _stored_last_seq(conn, state_keys(states))
-            batch = admit(steps, runs, states, stored)
-            for table, sql, params_of, records in (
-                ("run_steps", _UPSERT_STEP, step_params, batch.steps),
-                ("runs", _UPSERT_RUN, run_params, batch.runs),
-                ("run_state", _UPSERT_STATE, state_params, batch.states),
-            ):
-                if records:
-                    _write_rows(conn, table, sql, params_of, records)
-            return batch.skipped
-
-        return await self._db.transaction(body)
+        return await self._db.transaction("write_steps", steps, runs, states)
 
     async def load_states(self, company_id: str, run_ids: Sequence[str]) -> dict[str, RunState]:
         found: dict[str, RunState] = {}
@@ -600,28 +583,12 @@ class SqliteStepStore:
     async def mark_deep_pruned(self, company_id: str, run_ids: Sequence[str], at: str) -> int:
         if not run_ids:
             return 0
-
-        def body(conn: sqlite3.Connection) -> int:
-            cursor = conn.executemany(
-                "UPDATE runs SET deep_pruned_at = ? WHERE company_id = ? AND run_id = ? AND deep_pruned_at IS NULL",
-                [(at, company_id, r) for r in dict.fromkeys(run_ids)],
-            )
-            return cursor.rowcount
-
-        return await self._db.transaction(body)
+        return await self._db.transaction("mark_deep_pruned", company_id, list(dict.fromkeys(run_ids)), at)
 
     async def delete_runs(self, company_id: str, run_ids: Sequence[str]) -> int:
         if not run_ids:
             return 0
-        keys = [(company_id, r) for r in dict.fromkeys(run_ids)]
-
-        def body(conn: sqlite3.Connection) -> int:
-            for table in ("run_steps", "run_state"):
-                conn.executemany(f"DELETE FROM {table} WHERE company_id = ? AND run_id = ?", keys)
-            cursor = conn.executemany("DELETE FROM runs WHERE company_id = ? AND run_id = ?", keys)
-            return cursor.rowcount
-
-        return await self._db.transaction(body)
+        return await self._db.transaction("delete_runs", company_id, list(dict.fromkeys(run_ids)))
 
     async def close(self) -> None:
         await self._db.close()
@@ -652,7 +619,7 @@ class SqliteDeepStore:
         return self._db.durability
 
     async def open(self) -> SqliteDeepStore:
-        await self._db.open(deep_schema())
+        await self._db.open("deep")
         await self._add_missing_columns()
         return self
 
@@ -662,29 +629,16 @@ class SqliteDeepStore:
         missing = [c for c in _DEEP_COLS if c not in have]
         if missing:
             statements = "".join(f"ALTER TABLE run_step_details ADD COLUMN {c} TEXT;\n" for c in missing)
-            try:
-                await self._db.script(f"BEGIN IMMEDIATE;\n{statements}COMMIT;")
-            except sqlite3.Error as exc:
-                raise _error(exc, "add columns to run_step_details") from exc
+            await self._db.transaction("script", f"BEGIN IMMEDIATE;\n{statements}COMMIT;")
 
     async def write(self, deeps: Sequence[DeepRecord]) -> None:
         if not deeps:
             return
-        clipped = clip_batch(deeps, self._limits, self.on_clip)
-        received = now_text(self._clock)
-
-        def body(conn: sqlite3.Connection) -> None:
-            # Inside BEGIN IMMEDIATE: the tombstone check, the index and the rows are one step.
-            keys = list(dict.fromkeys((d.company_id, d.run_id) for d in clipped))
-            pruned = _pruned_keys(conn, keys)
-            kept = [d for d in clipped if (d.company_id, d.run_id) not in pruned] if pruned else clipped
-            if not kept:
-                return
-            ranks = [(c, r, rank, last, received) for (c, r), (last, rank) in batch_ranks(kept, received).items()]
-            _write_rows(conn, "deep_runs", _UPSERT_INDEX, list, ranks)
-            _write_rows(conn, "run_step_details", _UPSERT_DEEP, deep_params, kept)
-
-        await self._db.transaction(body)
+        # Clipped in the writer process too (``_write_deep``); the fields it cut come back.
+        cut = await self._db.transaction("write_deep", list(deeps), now_text(self._clock), self._limits)
+        if self.on_clip is not None:
+            for field in cut:
+                self.on_clip(field)
 
     async def get_deep(self, company_id: str, run_id: str) -> list[DeepRecord]:
         return [_deep(r) for r in await self._db.fetch(_SELECT_LIVE_DEEP, (company_id, run_id))]
@@ -715,61 +669,18 @@ class SqliteDeepStore:
     async def mark_pruned(self, company_id: str, runs: Sequence[tuple[str, int]], at: str) -> list[str]:
         if not runs:
             return []
-
-        def body(conn: sqlite3.Connection) -> list[str]:
-            marked = []
-            for run_id, version in runs:
-                if version == 0:
-                    cursor = conn.execute(
-                        "INSERT INTO deep_runs (company_id, run_id, rank, last_ts, received_at, version, pruned_at) "
-                        "VALUES (?, ?, '', '', '', 0, ?) ON CONFLICT (company_id, run_id) DO NOTHING",
-                        (company_id, run_id, at),
-                    )
-                else:
-                    cursor = conn.execute(
-                        "UPDATE deep_runs SET pruned_at = ? WHERE company_id = ? AND run_id = ? "
-                        "AND version = ? AND pruned_at IS NULL",
-                        (at, company_id, run_id, version),
-                    )
-                if cursor.rowcount == 1:
-                    marked.append(run_id)
-            return marked
-
-        return await self._db.transaction(body)
+        return await self._db.transaction("mark_pruned", company_id, [tuple(r) for r in runs], at)
 
     async def delete_pruned(self, company_id: str, run_ids: Sequence[str]) -> int:
         if not run_ids:
             return 0
-
-        def body(conn: sqlite3.Connection) -> int:
-            cursor = conn.executemany(
-                "DELETE FROM run_step_details WHERE company_id = ?1 AND run_id = ?2 AND EXISTS (SELECT 1 FROM "
-                "deep_runs WHERE company_id = ?1 AND run_id = ?2 AND pruned_at IS NOT NULL)",
-                [(company_id, r) for r in dict.fromkeys(run_ids)],
-            )
-            return cursor.rowcount
-
-        return await self._db.transaction(body)
+        return await self._db.transaction("delete_pruned", company_id, list(dict.fromkeys(run_ids)))
 
     async def purge_run(self, company_id: str, run_id: str) -> int:
-        def body(conn: sqlite3.Connection) -> int:
-            cursor = conn.execute(
-                "DELETE FROM run_step_details WHERE company_id = ? AND run_id = ?", (company_id, run_id)
-            )
-            conn.execute(
-                "DELETE FROM deep_runs WHERE company_id = ? AND run_id = ? AND pruned_at IS NULL", (company_id, run_id)
-            )
-            return cursor.rowcount
-
-        return await self._db.transaction(body)
+        return await self._db.transaction("purge_run", company_id, run_id)
 
     async def purge_company(self, company_id: str) -> int:
-        def body(conn: sqlite3.Connection) -> int:
-            cursor = conn.execute("DELETE FROM run_step_details WHERE company_id = ?", (company_id,))
-            conn.execute("DELETE FROM deep_runs WHERE company_id = ? AND pruned_at IS NULL", (company_id,))
-            return cursor.rowcount
-
-        return await self._db.transaction(body)
+        return await self._db.transaction("purge_company", company_id)
 
     async def prune(self, company_id: str, keep: int) -> list[str]:
         check_keep(keep)
@@ -816,6 +727,113 @@ def _pruned_keys(conn: sqlite3.Connection, keys: Sequence[RunKey]) -> set[RunKey
         )
         found.update((c, r) for c, r in rows)
     return found
+
+
+# -- the writer's operations (run in the writer process, ``sinks.sqlite_writer``) --------
+
+
+def _write_steps(
+    conn: sqlite3.Connection, steps: list[StepRecord], runs: list[RunRecord], states: list[RunState]
+) -> list[RunKey]:
+    # Inside BEGIN IMMEDIATE: no other writer can land between the check and the rows.
+    stored = _stored_last_seq(conn, state_keys(states))
+    batch = admit(steps, runs, states, stored)
+    for table, sql, params_of, records in (
+        ("run_steps", _UPSERT_STEP, step_params, batch.steps),
+        ("runs", _UPSERT_RUN, run_params, batch.runs),
+        ("run_state", _UPSERT_STATE, state_params, batch.states),
+    ):
+        if records:
+            _write_rows(conn, table, sql, params_of, records)
+    return batch.skipped
+
+
+def _write_deep(conn: sqlite3.Connection, deeps: list[DeepRecord], received: str, limits: Limits | None) -> list[str]:
+    """Clip the rows (``semantics.clip_batch``), then write them; returns the name of
+    every body the clip cut, for the store's ``on_clip`` hook."""
+    cut: list[str] = []
+    deeps = clip_batch(deeps, limits, cut.append)
+    # Inside BEGIN IMMEDIATE: the tombstone check, the index and the rows are one step.
+    keys = list(dict.fromkeys((d.company_id, d.run_id) for d in deeps))
+    pruned = _pruned_keys(conn, keys)
+    kept = [d for d in deeps if (d.company_id, d.run_id) not in pruned] if pruned else deeps
+    if not kept:
+        return cut
+    ranks = [(c, r, rank, last, received) for (c, r), (last, rank) in batch_ranks(kept, received).items()]
+    _write_rows(conn, "deep_runs", _UPSERT_INDEX, list, ranks)
+    _write_rows(conn, "run_step_details", _UPSERT_DEEP, deep_params, kept)
+    return cut
+
+
+def _mark_deep_pruned(conn: sqlite3.Connection, company_id: str, run_ids: list[str], at: str) -> int:
+    cursor = conn.executemany(
+        "UPDATE runs SET deep_pruned_at = ? WHERE company_id = ? AND run_id = ? AND deep_pruned_at IS NULL",
+        [(at, company_id, r) for r in run_ids],
+    )
+    return cursor.rowcount
+
+
+def _delete_runs(conn: sqlite3.Connection, company_id: str, run_ids: list[str]) -> int:
+    keys = [(company_id, r) for r in run_ids]
+    for table in ("run_steps", "run_state"):
+        conn.executemany(f"DELETE FROM {table} WHERE company_id = ? AND run_id = ?", keys)
+    return conn.executemany("DELETE FROM runs WHERE company_id = ? AND run_id = ?", keys).rowcount
+
+
+def _mark_pruned(conn: sqlite3.Connection, company_id: str, runs: list[tuple[str, int]], at: str) -> list[str]:
+    marked = []
+    for run_id, version in runs:
+        if version == 0:
+            cursor = conn.execute(
+                "INSERT INTO deep_runs (company_id, run_id, rank, last_ts, received_at, version, pruned_at) "
+                "VALUES (?, ?, '', '', '', 0, ?) ON CONFLICT (company_id, run_id) DO NOTHING",
+                (company_id, run_id, at),
+            )
+        else:
+            cursor = conn.execute(
+                "UPDATE deep_runs SET pruned_at = ? WHERE company_id = ? AND run_id = ? "
+                "AND version = ? AND pruned_at IS NULL",
+                (at, company_id, run_id, version),
+            )
+        if cursor.rowcount == 1:
+            marked.append(run_id)
+    return marked
+
+
+def _delete_pruned(conn: sqlite3.Connection, company_id: str, run_ids: list[str]) -> int:
+    cursor = conn.executemany(
+        "DELETE FROM run_step_details WHERE company_id = ?1 AND run_id = ?2 AND EXISTS (SELECT 1 FROM "
+        "deep_runs WHERE company_id = ?1 AND run_id = ?2 AND pruned_at IS NOT NULL)",
+        [(company_id, r) for r in run_ids],
+    )
+    return cursor.rowcount
+
+
+def _purge_run(conn: sqlite3.Connection, company_id: str, run_id: str) -> int:
+    cursor = conn.execute("DELETE FROM run_step_details WHERE company_id = ? AND run_id = ?", (company_id, run_id))
+    conn.execute("DELETE FROM deep_runs WHERE company_id = ? AND run_id = ? AND pruned_at IS NULL", (company_id, run_id))
+    return cursor.rowcount
+
+
+def _purge_company(conn: sqlite3.Connection, company_id: str) -> int:
+    cursor = conn.execute("DELETE FROM run_step_details WHERE company_id = ?", (company_id,))
+    conn.execute("DELETE FROM deep_runs WHERE company_id = ? AND pruned_at IS NULL", (company_id,))
+    return cursor.rowcount
+
+
+#: ``name: (function(conn, *args), argument types)``: what the writer process runs, one
+#: transaction each (``script`` runs its own). The types decode the MessagePack request.
+OPERATIONS: dict[str, tuple[Callable[..., Any], tuple[Any, ...]]] = {
+    "write_steps": (_transactional(_write_steps), (list[StepRecord], list[RunRecord], list[RunState])),
+    "write_deep": (_transactional(_write_deep), (list[DeepRecord], str, Limits | None)),
+    "mark_deep_pruned": (_transactional(_mark_deep_pruned), (str, list[str], str)),
+    "delete_runs": (_transactional(_delete_runs), (str, list[str])),
+    "mark_pruned": (_transactional(_mark_pruned), (str, list[tuple[str, int]], str)),
+    "delete_pruned": (_transactional(_delete_pruned), (str, list[str])),
+    "purge_run": (_transactional(_purge_run), (str, str)),
+    "purge_company": (_transactional(_purge_company), (str,)),
+    "script": (_script, (str,)),
+}
 
 
 def sqlite_path(url: str) -> str:
