@@ -345,6 +345,11 @@ async def test_lazy_snapshots_write_the_eager_folds_rows_across_batches_eviction
     feed = Feed(pipe)
     while feed.offset < len(events):
         await feed.push(events[feed.offset])
+        if rng.random() < 0.2:
+            # A write lands now and then while folding goes on (the worker's event loop
+            # turns at every fetch); without it a batch written only when the store is
+            # free would grow (group commit) past every crash point and never commit.
+            await pipe.wait_written()
         if rng.random() < crash_rate:
             await pipe.wait_written()  # what was written is durable; the open batch is lost
             committed = feed.watermark
