@@ -275,7 +275,10 @@ class _Connection:
         if not docs:
             return []
         try:
-            async with self._one_command_at_a_time():
+            if self.ferretdb:
+                async with self._bulk_lock:
+                    await self[collection].insert_many(docs, ordered=False)
+            else:
                 await self[collection].insert_many(docs, ordered=False)
         except BulkWriteError as exc:
             details = exc.details
@@ -314,14 +317,6 @@ class _Connection:
         async with self._bulk_lock:
             for start in range(0, len(ops), FERRETDB_UPDATES_PER_COMMAND):
                 await self[collection].bulk_write(ops[start : start + FERRETDB_UPDATES_PER_COMMAND], ordered=False)
-
-    @asynccontextmanager
-    async def _one_command_at_a_time(self) -> AsyncIterator[None]:
-        if not self.ferretdb:
-            yield
-            return
-        async with self._bulk_lock:
-            yield
 
     async def replace_unless_ahead(self, collection: str, writes: list[tuple[str, int, dict[str, Any]]]) -> list[int]:
         """``ReplaceOne({_id, last_seq: {$not: {$gte: seq}}}, doc, upsert)`` for each
@@ -414,7 +409,8 @@ def _step_writes(
     writes = []
     for key, fields in merged.items():
         _id = row_id(*key)
-        writes.append(({"_id": _id, **fields} if is_new(key) else None, UpdateOne({"_id": _id}, {"$set": fields}, upsert=True)))
+        update = UpdateOne({"_id": _id}, {"$set": fields}, upsert=True)
+        writes.append(({"_id": _id, **fields} if is_new(key) else None, update))
     return writes
 
 
@@ -557,7 +553,8 @@ class MongoStepStore:
         ``last_seq``, and the second try then compares them."""
         order = {(s.company_id, s.run_id): i for i, s in enumerate(states)}
         fresh = [s for s in states if (s.company_id, s.run_id) not in stored]
-        taken = await self._conn.insert_new("run_state", [{"_id": _id, **doc} for _id, _, doc in map(_state_write, fresh)])
+        fresh_docs = [{"_id": _id, **doc} for _id, _, doc in map(_state_write, fresh)]
+        taken = await self._conn.insert_new("run_state", fresh_docs)
         pending = [s for s in states if (s.company_id, s.run_id) in stored] + [fresh[i] for i in taken]
         for _ in range(2):
             if not pending:
