@@ -14,13 +14,22 @@ pymongo's. Collections and indexes (created at open, idempotently)::
 Every document's ``_id`` is the JSON text of its key (injective, so two tenants'
 keys never collide) and every point write or read goes by ``_id``: FerretDB 1.x
 on SQLite pushes down *only* an ``{_id: value}`` filter and scans the collection
-for anything else (the compound indexes exist but its planner does not use
+in Go for anything else (the compound indexes exist but its planner does not use
 them), so an upsert filtered on the key fields would cost a full scan each.
 Run-wide reads (``get_steps``, ``list_runs``, purges) filter on the key fields,
 which MongoDB serves from the indexes and FerretDB-on-SQLite by a scan.
 
+**Reads per batch.** The rows a batch needs to see (stored states, reasoning,
+index entries) are read in one ``{_id: {$in: ids}}`` query per collection, never
+one request per key. Even FerretDB's pushed-down ``{_id: value}`` is a scan of
+the table inside SQLite (its SQL says ``->'$._id'``, its ``_id`` index is on
+``->"_id"``, so SQLite does not use it), and its ``$in`` is one scan in Go that
+costs about five of those: against FerretDB up to
+:data:`FERRETDB_LOOKUPS_MAX` ids are looked up one by one, more in one ``$in``.
+
 Documents hold the record's fields, with three choices: ``run_steps.arguments``,
-``runs.environment`` and the deep bodies ``arguments`` and ``output`` are JSON *text*, and ``run_state.state`` is the whole RunState as JSON text,
+``runs.environment`` and the deep bodies ``arguments`` and ``output`` are JSON
+*text*, and ``run_state.state`` is the whole RunState as JSON text,
 because free-form keys (``$ref``, ``a.b``, ``tool:call.1``) are not safe BSON
 field names everywhere and integers beyond int64 are not BSON at all.
 
@@ -28,18 +37,31 @@ field names everywhere and integers beyond int64 are not BSON at all.
 ``UpdateOne({_id}, {$set: fields}, upsert)`` (later non-None fields win, which is
 what applying them one by one does); run records are the batch's last write
 per run, every field ``$set`` (``None`` as null) except a ``None``
-``deep_pruned_at``, so the compactor's mark survives the worker's writes. Each collection gets ordered ``bulk_write`` s and the
-states go last (no multi-document transactions without a replica set, and none
-at all in FerretDB 1.x).
+``deep_pruned_at``, so the compactor's mark survives the worker's writes. Each
+collection gets unordered ``bulk_write`` s (one operation per ``_id``, so their
+order does not matter) and the states go last (no multi-document transactions
+without a replica set, and none at all in FerretDB 1.x).
+
+A row the batch's read found absent is *inserted* instead (one unordered
+``insert_many`` per collection, the document its update would create): on
+FerretDB an insert is cheap while every update scans the table (above). Such
+rows are: the steps, run record and state of a run with no stored state, the
+steps at or past its stored state's ``next_ordinal``, and the deep rows and
+index entries the deep write's read did not find. A row whose ``_id`` turns out
+taken (another writer created it since the read; the unique ``_id`` refuses the
+insert atomically on both servers) gets its update, so the outcome is the
+update's in every case.
 
 **Stale runs.** A step batch first reads the stored state of each run it carries
-a state for (by ``_id``; ``last_seq`` is a field of its own, and an older
+a state for (one query; ``last_seq`` is a field of its own, and an older
 document without it is read from its ``state`` text) and drops the runs whose
 stored ``last_seq`` is not below the batch's (``semantics.admit``). Then each
-state is written conditionally, ``ReplaceOne({_id, last_seq: {$not: {$gte:
-new}}}, upsert)``: a stored state at or past ``new`` makes the upsert collide
-on ``_id`` (``DuplicateKeyError``), which counts as refused (tried twice, as two
-first inserts of one run also collide) and the run is returned as skipped. On
+state the read found is written conditionally, ``ReplaceOne({_id, last_seq:
+{$not: {$gte: new}}}, upsert)``: a stored state at or past ``new`` makes the
+upsert collide on ``_id`` (``DuplicateKeyError``), which counts as refused
+(tried twice, as two first inserts of one run also collide) and the run is
+returned as skipped. A state the read did not find is inserted, and written
+conditionally as above if its ``_id`` is taken by then. On
 MongoDB that update is atomic per document, so the state itself never goes
 backwards; the steps and run record of a run whose stale writer passed the read
 just before the new owner wrote can still land (see ``docs/sinks.md``). FerretDB
@@ -66,7 +88,7 @@ false otherwise) and its ``ts`` the latest (``$max``). The positional reasoning
 merge needs ``stored[:offset] + written + stored[offset + len(written):]``;
 MongoDB could do it with an update pipeline (``$substrCP``/``$concat``) but
 FerretDB 1.x rejects pipeline updates, so the adapter reads the stored reasoning
-of every row the batch writes reasoning to (one ``_id`` lookup each) and
+of the rows the batch writes (one query, which also tells which rows exist) and
 ``$set`` s the text ``core.merge.apply_reasoning`` makes of it (the one
 definition of the rule).
 That is a read-modify-write: correct because one run is written by one worker at
@@ -87,8 +109,9 @@ FerretDB (detected by ``buildInfo.ferretdbVersion``) the adapter sends at most
 ``$group``, so ``list_deep_runs`` reads ``(run_id, ts)`` through the covering
 recency index and takes the maximum per run here. The retention index is the
 collection ``deep_runs`` (``_id`` ["company","run"]): a deep write first reads
-the entries of its runs by ``_id`` (bodies of a run marked pruned are dropped),
-then ``$max``/``$inc`` s them, then writes the bodies. ``mark_pruned`` is a
+the entries of its runs (one query, beside the reasoning read; bodies of a run
+marked pruned are dropped), then ``$max``/``$inc`` s them (inserts the absent
+ones), then writes the bodies. ``mark_pruned`` is a
 conditional ``update_one({_id, version, pruned_at: null})`` per run (atomic per
 document on MongoDB), then ``delete_pruned`` deletes. Without transactions a
 crash between the two leaves a marked run with bodies that no reader sees
