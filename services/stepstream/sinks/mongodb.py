@@ -126,7 +126,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -230,6 +230,18 @@ FERRETDB_UPDATES_PER_COMMAND = 16
 FERRETDB_LOOKUPS_MAX = 4
 
 
+async def _gather(*calls: Awaitable[Any]) -> list[Any]:
+    """``asyncio.gather``, except that a failure first cancels and awaits the other
+    calls, so no request of a failed batch is still running when it is retried."""
+    tasks = [asyncio.ensure_future(call) for call in calls]
+    try:
+        return await asyncio.gather(*tasks)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
 class _Connection:
     """One client and its database, shared by the collections of one store."""
 
@@ -284,7 +296,7 @@ class _Connection:
         found = self[collection]
         projection = {**projection, "_id": 1}
         if self.ferretdb and len(ids) <= FERRETDB_LOOKUPS_MAX:
-            docs = await asyncio.gather(*(found.find_one({"_id": _id}, projection) for _id in ids))
+            docs = await _gather(*(found.find_one({"_id": _id}, projection) for _id in ids))
         else:
             docs = await found.find({"_id": {"$in": ids}}, projection).to_list()
         return {doc["_id"]: doc for doc in docs if doc is not None}
@@ -689,7 +701,7 @@ class MongoDeepStore:
         async with self._write_lock, _translated("write run_step_details"):
             # Both reads at once: the runs' index entries (bodies of a run marked pruned
             # are dropped) and the batch's rows (their stored reasoning, and which exist).
-            entries, stored = await asyncio.gather(
+            entries, stored = await _gather(
                 self._index_entries(list(dict.fromkeys((d.company_id, d.run_id) for d in deeps))),
                 self._stored_reasoning(deeps),
             )
