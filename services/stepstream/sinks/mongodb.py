@@ -14,13 +14,22 @@ pymongo's. Collections and indexes (created at open, idempotently)::
 Every document's ``_id`` is the JSON text of its key (injective, so two tenants'
 keys never collide) and every point write or read goes by ``_id``: FerretDB 1.x
 on SQLite pushes down *only* an ``{_id: value}`` filter and scans the collection
-for anything else (the compound indexes exist but its planner does not use
+in Go for anything else (the compound indexes exist but its planner does not use
 them), so an upsert filtered on the key fields would cost a full scan each.
 Run-wide reads (``get_steps``, ``list_runs``, purges) filter on the key fields,
 which MongoDB serves from the indexes and FerretDB-on-SQLite by a scan.
 
+**Reads per batch.** The rows a batch needs to see (stored states, reasoning,
+index entries) are read in one ``{_id: {$in: ids}}`` query per collection, never
+one request per key. Even FerretDB's pushed-down ``{_id: value}`` is a scan of
+the table inside SQLite (its SQL says ``->'$._id'``, its ``_id`` index is on
+``->"_id"``, so SQLite does not use it), and its ``$in`` is one scan in Go that
+costs about five of those: against FerretDB up to
+:data:`FERRETDB_LOOKUPS_MAX` ids are looked up one by one, more in one ``$in``.
+
 Documents hold the record's fields, with three choices: ``run_steps.arguments``,
-``runs.environment`` and the deep bodies ``arguments`` and ``output`` are JSON *text*, and ``run_state.state`` is the whole RunState as JSON text,
+``runs.environment`` and the deep bodies ``arguments`` and ``output`` are JSON
+*text*, and ``run_state.state`` is the whole RunState as JSON text,
 because free-form keys (``$ref``, ``a.b``, ``tool:call.1``) are not safe BSON
 field names everywhere and integers beyond int64 are not BSON at all.
 
@@ -28,18 +37,31 @@ field names everywhere and integers beyond int64 are not BSON at all.
 ``UpdateOne({_id}, {$set: fields}, upsert)`` (later non-None fields win, which is
 what applying them one by one does); run records are the batch's last write
 per run, every field ``$set`` (``None`` as null) except a ``None``
-``deep_pruned_at``, so the compactor's mark survives the worker's writes. Each collection gets ordered ``bulk_write`` s and the
-states go last (no multi-document transactions without a replica set, and none
-at all in FerretDB 1.x).
+``deep_pruned_at``, so the compactor's mark survives the worker's writes. Each
+collection gets unordered ``bulk_write`` s (one operation per ``_id``, so their
+order does not matter) and the states go last (no multi-document transactions
+without a replica set, and none at all in FerretDB 1.x).
+
+A row the batch's read found absent is *inserted* instead (one unordered
+``insert_many`` per collection, the document its update would create): on
+FerretDB an insert is cheap while every update scans the table (above). Such
+rows are: the steps, run record and state of a run with no stored state, the
+steps at or past its stored state's ``next_ordinal``, and the deep rows and
+index entries the deep write's read did not find. A row whose ``_id`` turns out
+taken (another writer created it since the read; the unique ``_id`` refuses the
+insert atomically on both servers) gets its update, so the outcome is the
+update's in every case.
 
 **Stale runs.** A step batch first reads the stored state of each run it carries
-a state for (by ``_id``; ``last_seq`` is a field of its own, and an older
+a state for (one query; ``last_seq`` is a field of its own, and an older
 document without it is read from its ``state`` text) and drops the runs whose
 stored ``last_seq`` is not below the batch's (``semantics.admit``). Then each
-state is written conditionally, ``ReplaceOne({_id, last_seq: {$not: {$gte:
-new}}}, upsert)``: a stored state at or past ``new`` makes the upsert collide
-on ``_id`` (``DuplicateKeyError``), which counts as refused (tried twice, as two
-first inserts of one run also collide) and the run is returned as skipped. On
+state the read found is written conditionally, ``ReplaceOne({_id, last_seq:
+{$not: {$gte: new}}}, upsert)``: a stored state at or past ``new`` makes the
+upsert collide on ``_id`` (``DuplicateKeyError``), which counts as refused
+(tried twice, as two first inserts of one run also collide) and the run is
+returned as skipped. A state the read did not find is inserted, and written
+conditionally as above if its ``_id`` is taken by then. On
 MongoDB that update is atomic per document, so the state itself never goes
 backwards; the steps and run record of a run whose stale writer passed the read
 just before the new owner wrote can still land (see ``docs/sinks.md``). FerretDB
@@ -66,7 +88,7 @@ false otherwise) and its ``ts`` the latest (``$max``). The positional reasoning
 merge needs ``stored[:offset] + written + stored[offset + len(written):]``;
 MongoDB could do it with an update pipeline (``$substrCP``/``$concat``) but
 FerretDB 1.x rejects pipeline updates, so the adapter reads the stored reasoning
-of every row the batch writes reasoning to (one ``_id`` lookup each) and
+of the rows the batch writes (one query, which also tells which rows exist) and
 ``$set`` s the text ``core.merge.apply_reasoning`` makes of it (the one
 definition of the rule).
 That is a read-modify-write: correct because one run is written by one worker at
@@ -87,8 +109,9 @@ FerretDB (detected by ``buildInfo.ferretdbVersion``) the adapter sends at most
 ``$group``, so ``list_deep_runs`` reads ``(run_id, ts)`` through the covering
 recency index and takes the maximum per run here. The retention index is the
 collection ``deep_runs`` (``_id`` ["company","run"]): a deep write first reads
-the entries of its runs by ``_id`` (bodies of a run marked pruned are dropped),
-then ``$max``/``$inc`` s them, then writes the bodies. ``mark_pruned`` is a
+the entries of its runs (one query, beside the reasoning read; bodies of a run
+marked pruned are dropped), then ``$max``/``$inc`` s them (inserts the absent
+ones), then writes the bodies. ``mark_pruned`` is a
 conditional ``update_one({_id, version, pruned_at: null})`` per run (atomic per
 document on MongoDB), then ``delete_pruned`` deletes. Without transactions a
 crash between the two leaves a marked run with bodies that no reader sees
@@ -103,7 +126,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -204,6 +227,19 @@ def _concern_text(document: dict[str, Any]) -> str:
 
 
 FERRETDB_UPDATES_PER_COMMAND = 16
+FERRETDB_LOOKUPS_MAX = 4
+
+
+async def _gather(*calls: Awaitable[Any]) -> list[Any]:
+    """``asyncio.gather``, except that a failure first cancels and awaits the other
+    calls, so no request of a failed batch is still running when it is retried."""
+    tasks = [asyncio.ensure_future(call) for call in calls]
+    try:
+        return await asyncio.gather(*tasks)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 class _Connection:
@@ -245,21 +281,77 @@ class _Connection:
             await self.client.close()
         self.client = self.db = None
 
+    async def find_by_id(
+        self, collection: str, ids: Sequence[str], projection: dict[str, Any]
+    ) -> dict[str, dict[str, Any]]:
+        """The documents of ``collection`` with these ``_id`` s, keyed by ``_id``
+        (absent ones are missing): one ``{_id: {$in: ids}}`` query. Against FerretDB,
+        up to :data:`FERRETDB_LOOKUPS_MAX` ids are looked up one by one instead: its
+        SQLite backend filters a lone ``{_id: value}`` in SQL (a scan of the table in
+        SQLite) but evaluates ``$in`` itself over every document of the collection,
+        which costs about as much as five such lookups and then no more for more ids."""
+        ids = list(dict.fromkeys(ids))
+        if not ids:
+            return {}
+        found = self[collection]
+        projection = {**projection, "_id": 1}
+        if self.ferretdb and len(ids) <= FERRETDB_LOOKUPS_MAX:
+            docs = await _gather(*(found.find_one({"_id": _id}, projection) for _id in ids))
+        else:
+            docs = await found.find({"_id": {"$in": ids}}, projection).to_list()
+        return {doc["_id"]: doc for doc in docs if doc is not None}
+
+    async def insert_new(self, collection: str, docs: list[dict[str, Any]]) -> list[int]:
+        """One unordered ``insert_many``; returns the indexes of the documents whose
+        ``_id`` was taken (those are not written), every other error is raised. Both
+        servers enforce the unique ``_id`` atomically; FerretDB inserts a command's
+        documents in one SQLite transaction (one by one when one collides) and, unlike
+        an update, never scans the collection to do it."""
+        if not docs:
+            return []
+        try:
+            if self.ferretdb:
+                async with self._bulk_lock:
+                    await self[collection].insert_many(docs, ordered=False)
+            else:
+                await self[collection].insert_many(docs, ordered=False)
+        except BulkWriteError as exc:
+            details = exc.details
+            errors = details.get("writeErrors", [])
+            if details.get("writeConcernErrors") or any(e.get("code") != DUPLICATE_KEY for e in errors):
+                raise
+            return sorted(e["index"] for e in errors)
+        return []
+
+    async def upsert(self, collection: str, writes: list[tuple[dict[str, Any] | None, Any]]) -> None:
+        """Each ``(document, update)`` writes one ``_id`` (no two the same): a row the
+        caller's read found absent comes with the ``document`` its ``update`` would
+        create and is inserted (cheap on FerretDB); the others, and every row whose
+        insert found the ``_id`` taken meanwhile, get their ``update``. The outcome is
+        that of applying the updates alone."""
+        fresh = [(doc, op) for doc, op in writes if doc is not None]
+        taken = await self.insert_new(collection, [doc for doc, _ in fresh])
+        await self.bulk(collection, [op for doc, op in writes if doc is None] + [fresh[i][1] for i in taken])
+
     async def bulk(self, collection: str, ops: list[Any]) -> None:
-        """One ordered ``bulk_write``; against FerretDB, in commands of at most
-        :data:`FERRETDB_UPDATES_PER_COMMAND` statements, one command at a time.
+        """One unordered ``bulk_write`` (the callers' operations each write a
+        different ``_id``, so their order does not matter); against FerretDB, in
+        commands of at most :data:`FERRETDB_UPDATES_PER_COMMAND` statements, one
+        command at a time.
 
         FerretDB 1.24 keeps the SQLite cursor of every matching update statement
         open until the whole ``update`` command ends (``defer`` in a loop,
         ``handler/msg_update.go``), and its pool has 100 connections per database:
         a command of about 100 updates to existing documents, or several such
         commands at once, deadlock the whole server."""
+        if not ops:
+            return
         if not self.ferretdb:
-            await self[collection].bulk_write(ops, ordered=True)
+            await self[collection].bulk_write(ops, ordered=False)
             return
         async with self._bulk_lock:
             for start in range(0, len(ops), FERRETDB_UPDATES_PER_COMMAND):
-                await self[collection].bulk_write(ops[start : start + FERRETDB_UPDATES_PER_COMMAND], ordered=True)
+                await self[collection].bulk_write(ops[start : start + FERRETDB_UPDATES_PER_COMMAND], ordered=False)
 
     async def replace_unless_ahead(self, collection: str, writes: list[tuple[str, int, dict[str, Any]]]) -> list[int]:
         """``ReplaceOne({_id, last_seq: {$not: {$gte: seq}}}, doc, upsert)`` for each
@@ -322,7 +414,9 @@ def row_id(company_id: str, run_id: str, step_seq: int | None = None) -> str:
     return _json.encode(key).decode()
 
 
-def _run_op(run: RunRecord) -> Any:
+def _run_write(run: RunRecord, new: bool) -> tuple[dict[str, Any] | None, Any]:
+    """The run record's ``(document, update)`` for :meth:`_Connection.upsert` (the
+    document only when the caller believes the record ``new``)."""
     # Every field is set (None as null), except the compactor's deep_pruned_at, which a
     # worker's write (None) leaves as stored: the record replaces whole but for the mark.
     doc = _to_builtins(msgspec.structs.asdict(run))
@@ -331,19 +425,28 @@ def _run_op(run: RunRecord) -> Any:
     if run.environment is not None:  # free-form keys: JSON text, as step arguments
         doc["environment"] = _json.encode(run.environment).decode()
     doc["recency"] = recency(run)
-    return UpdateOne({"_id": row_id(run.company_id, run.run_id)}, {"$set": doc}, upsert=True)
+    _id = row_id(run.company_id, run.run_id)
+    return ({"_id": _id, **doc} if new else None), UpdateOne({"_id": _id}, {"$set": doc}, upsert=True)
 
 
-def _step_ops(steps: Sequence[StepRecord]) -> list[Any]:
+def _step_writes(
+    steps: Sequence[StepRecord], is_new: Callable[[StepKey], bool]
+) -> list[tuple[dict[str, Any] | None, Any]]:
     """One ``$set`` per row: the batch's writes to a row coalesced in order (later
-    non-None fields win), which is exactly what applying them one by one does."""
+    non-None fields win), which is exactly what applying them one by one does; with
+    the document that ``$set`` creates for the rows ``is_new`` names."""
     merged: dict[StepKey, dict[str, Any]] = {}
     for step in steps:
         fields = _to_builtins(step)  # omit_defaults: the None fields (which keep) are absent
         if step.arguments is not None:
             fields["arguments"] = _json.encode(step.arguments).decode()
         merged.setdefault((step.company_id, step.run_id, step.step_seq), {}).update(fields)
-    return [UpdateOne({"_id": row_id(*key)}, {"$set": fields}, upsert=True) for key, fields in merged.items()]
+    writes = []
+    for key, fields in merged.items():
+        _id = row_id(*key)
+        update = UpdateOne({"_id": _id}, {"$set": fields}, upsert=True)
+        writes.append(({"_id": _id, **fields} if is_new(key) else None, update))
+    return writes
 
 
 def _last_per_run(records: Sequence[Any]) -> dict[tuple[str, str], Any]:
@@ -361,12 +464,24 @@ def _state_write(state: RunState) -> tuple[str, int, dict[str, Any]]:
     return row_id(state.company_id, state.run_id), state.last_seq, doc
 
 
-def _last_seq(doc: dict[str, Any]) -> int:
-    """A stored state's ``last_seq``: its own field, or (documents written before
-    the field existed) the one inside the state text."""
+class _Stored(msgspec.Struct):
+    """What a step batch needs of a stored state: ``last_seq`` (the stale-run rule)
+    and ``next_ordinal`` (the steps at or past it are not stored yet)."""
+
+    last_seq: int = -1
+    next_ordinal: int = 0
+
+
+_stored_decoder = msgspec.json.Decoder(_Stored)
+
+
+def _stored(doc: dict[str, Any]) -> _Stored:
+    """A stored state's ``last_seq`` (its own field, or for documents written before
+    the field existed the one inside the state text) and ``next_ordinal``."""
+    stored = _stored_decoder.decode(doc["state"])
     if "last_seq" in doc:
-        return int(doc["last_seq"])
-    return _state_decoder.decode(doc["state"]).last_seq
+        stored.last_seq = int(doc["last_seq"])
+    return stored
 
 
 def _step(doc: dict[str, Any]) -> StepRecord:
@@ -430,49 +545,67 @@ class MongoStepStore:
             return []
         async with _translated("read run_state"):
             stored = await self._stored_last_seq(state_keys(states))
-        batch = admit(steps, runs, states, stored)
+        batch = admit(steps, runs, states, {key: seen.last_seq for key, seen in stored.items()})
+        # Rows of a run with no stored state, and steps at or past its stored
+        # next_ordinal, were not written yet (or by a write whose state did not land):
+        # they are inserted, and updated only if their _id turns out taken.
+        with_state = {(s.company_id, s.run_id) for s in batch.states}
+
+        def is_new(key: StepKey) -> bool:
+            run = key[:2]
+            return run in with_state and (run not in stored or key[2] >= stored[run].next_ordinal)
+
         if batch.steps:
             async with _translated("write run_steps"):
-                await self._conn.bulk("run_steps", _step_ops(batch.steps))
+                await self._conn.upsert("run_steps", _step_writes(batch.steps, is_new))
         if batch.runs:
+            records = _last_per_run(batch.runs)
             async with _translated("write runs"):
-                await self._conn.bulk("runs", [_run_op(r) for r in _last_per_run(batch.runs).values()])
+                await self._conn.upsert(
+                    "runs", [_run_write(r, key in with_state and key not in stored) for key, r in records.items()]
+                )
         refused: list[RunKey] = []
         if batch.states:
             async with _translated("write run_state"):
-                refused = await self._write_states(list(_last_per_run(batch.states).values()))
+                refused = await self._write_states(list(_last_per_run(batch.states).values()), stored)
         return batch.skipped + refused
 
-    async def _stored_last_seq(self, keys: Sequence[RunKey]) -> dict[RunKey, int]:
+    async def _stored_last_seq(self, keys: Sequence[RunKey]) -> dict[RunKey, _Stored]:
+        """The stored ``last_seq`` and ``next_ordinal`` of those runs that have a
+        state (one query, see :meth:`_Connection.find_by_id`)."""
         if not keys:
             return {}
-        collection = self._conn["run_state"]
-        projection = {"_id": 0, "last_seq": 1, "state": 1}
-        docs = await asyncio.gather(*(collection.find_one({"_id": row_id(*key)}, projection) for key in keys))
-        return {key: _last_seq(doc) for key, doc in zip(keys, docs, strict=True) if doc is not None}
+        ids = {row_id(*key): key for key in keys}
+        docs = await self._conn.find_by_id("run_state", list(ids), {"last_seq": 1, "state": 1})
+        return {ids[_id]: _stored(doc) for _id, doc in docs.items()}
 
-    async def _write_states(self, states: list[RunState]) -> list[RunKey]:
-        """Each state only if it is ahead of the stored one; returns the runs refused.
-        A refusal is retried once: two first writes of one run collide on ``_id``
-        whatever their ``last_seq``, and the second try then compares them."""
-        pending = states
+    async def _write_states(self, states: list[RunState], stored: dict[RunKey, _Stored]) -> list[RunKey]:
+        """Each state only if it is ahead of the stored one; returns the runs refused,
+        in ``states`` order. A run the read found without a state is inserted (the
+        unique ``_id`` refuses it if another writer created it since); the others,
+        and those, are replaced conditionally. A refusal of the conditional write is
+        retried once: two first writes of one run collide on ``_id`` whatever their
+        ``last_seq``, and the second try then compares them."""
+        order = {(s.company_id, s.run_id): i for i, s in enumerate(states)}
+        fresh = [s for s in states if (s.company_id, s.run_id) not in stored]
+        fresh_docs = [{"_id": _id, **doc} for _id, _, doc in map(_state_write, fresh)]
+        taken = await self._conn.insert_new("run_state", fresh_docs)
+        pending = [s for s in states if (s.company_id, s.run_id) in stored] + [fresh[i] for i in taken]
         for _ in range(2):
-            refused = await self._conn.replace_unless_ahead("run_state", [_state_write(s) for s in pending])
-            pending = [pending[i] for i in refused]
             if not pending:
                 break
-        return [(s.company_id, s.run_id) for s in pending]
+            refused = await self._conn.replace_unless_ahead("run_state", [_state_write(s) for s in pending])
+            pending = [pending[i] for i in refused]
+        return sorted(((s.company_id, s.run_id) for s in pending), key=order.__getitem__)
 
     async def load_states(self, company_id: str, run_ids: Sequence[str]) -> dict[str, RunState]:
         if not run_ids:
             return {}
-        collection = self._conn["run_state"]
         async with _translated("load_states"):
-            # One _id lookup per run: the only filter FerretDB's SQLite backend can push down.
-            docs = await asyncio.gather(
-                *(collection.find_one({"_id": row_id(company_id, r)}, _NO_ID) for r in dict.fromkeys(run_ids))
+            docs = await self._conn.find_by_id(
+                "run_state", [row_id(company_id, r) for r in run_ids], {"run_id": 1, "state": 1}
             )
-            return {doc["run_id"]: _state_decoder.decode(doc["state"]) for doc in docs if doc is not None}
+        return {doc["run_id"]: _state_decoder.decode(doc["state"]) for doc in docs.values()}
 
     async def get_run(self, company_id: str, run_id: str) -> RunRecord | None:
         async with _translated("get_run"):
@@ -566,24 +699,32 @@ class MongoDeepStore:
         deeps = clip_batch(deeps, self._limits, self.on_clip)
         received = now_text(self._clock)
         async with self._write_lock, _translated("write run_step_details"):
-            # The bodies of runs marked pruned are dropped; the index moves before the
-            # bodies land, so a prune that ranked the run before this write misses it.
-            pruned = await self._pruned(list(dict.fromkeys((d.company_id, d.run_id) for d in deeps)))
+            # Both reads at once: the runs' index entries (bodies of a run marked pruned
+            # are dropped) and the batch's rows (their stored reasoning, and which exist).
+            entries, stored = await _gather(
+                self._index_entries(list(dict.fromkeys((d.company_id, d.run_id) for d in deeps))),
+                self._stored_reasoning(deeps),
+            )
+            pruned = {key for key, pruned_at in entries.items() if pruned_at}
             if pruned:
                 deeps = [d for d in deeps if (d.company_id, d.run_id) not in pruned]
                 if not deeps:
                     return
-            index_ops = [
-                UpdateOne(
-                    {"_id": row_id(c, r)},
+            # The index moves before the bodies land, so a prune that ranked the run
+            # before this write misses it.
+            index_writes = []
+            for (c, r), (last, rank) in batch_ranks(deeps, received).items():
+                _id = row_id(c, r)
+                fresh = {"_id": _id, "company_id": c, "run_id": r, "rank": rank, "last_ts": last,
+                         "received_at": received, "version": 1}  # fmt: skip
+                update = UpdateOne(
+                    {"_id": _id},
                     {"$max": {"rank": rank, "last_ts": last, "received_at": received}, "$inc": {"version": 1},
                      "$setOnInsert": {"company_id": c, "run_id": r}},
                     upsert=True,
                 )  # fmt: skip
-                for (c, r), (last, rank) in batch_ranks(deeps, received).items()
-            ]
-            await self._conn.bulk("deep_runs", index_ops)
-            stored = await self._stored_reasoning(deeps)
+                index_writes.append((fresh if (c, r) not in entries else None, update))
+            await self._conn.upsert("deep_runs", index_writes)
             current = dict(stored)
             # The batch's writes to a row coalesce into one $set, applied in order:
             # later non-None fields win, clipped is sticky, and the reasoning is the
@@ -611,39 +752,44 @@ class MongoDeepStore:
                     fields["result_event"] = _json.encode(d.result_event).decode()
                 if d.clipped:
                     fields["clipped"] = True
-            ops = []
+            writes = []
             for key, fields in merged.items():
+                _id = row_id(*key)
                 update: dict[str, Any] = {"$set": fields, "$max": {"ts": latest[key]}}
                 if "clipped" not in fields:
                     update["$setOnInsert"] = {"clipped": False}
-                # A row whose stored text we merged is updated, never re-created: if a
-                # purge deleted it since the read, the write must not bring its head back.
-                ops.append(UpdateOne({"_id": row_id(*key)}, update, upsert=key not in stored))
-            await self._conn.bulk("run_step_details", ops)
+                if key not in stored:  # absent at the read: inserted as the update would create it
+                    fresh = {"_id": _id, **fields, "ts": latest[key], "clipped": fields.get("clipped", False)}
+                    writes.append((fresh, UpdateOne({"_id": _id}, update, upsert=True)))
+                else:
+                    # A row whose stored text we merged is updated, never re-created: if a
+                    # purge deleted it since the read, the write must not bring its head back.
+                    merged_text = "reasoning" in fields
+                    writes.append((None, UpdateOne({"_id": _id}, update, upsert=not merged_text)))
+            await self._conn.upsert("run_step_details", writes)
 
     async def _stored_reasoning(self, deeps: Sequence[DeepRecord]) -> dict[StepKey, str | None]:
-        """Stored reasoning of the rows this batch writes reasoning to (a chunk at
-        any offset keeps the stored text past its span), keyed only for rows that
-        exist."""
-        wanted = list(dict.fromkeys((d.company_id, d.run_id, d.step_seq) for d in deeps if d.reasoning is not None))
-        if not wanted:
+        """The rows this batch writes that exist, with their stored reasoning (``None``
+        when they hold none): a chunk at any offset keeps the stored text past its
+        span. One query (see :meth:`_Connection.find_by_id`)."""
+        ids = {row_id(d.company_id, d.run_id, d.step_seq): (d.company_id, d.run_id, d.step_seq) for d in deeps}
+        if not ids:
             return {}
-        collection = self._conn["run_step_details"]
-        projection = {"_id": 0, "reasoning": 1}
-        # One _id lookup per row (typically one open thinking step per run in a batch):
-        # FerretDB's SQLite backend pushes down only an _id equality, $in would scan.
-        docs = await asyncio.gather(*(collection.find_one({"_id": row_id(*key)}, projection) for key in wanted))
-        return {key: doc.get("reasoning") for key, doc in zip(wanted, docs, strict=True) if doc is not None}
+        docs = await self._conn.find_by_id("run_step_details", list(ids), {"reasoning": 1})
+        return {ids[_id]: doc.get("reasoning") for _id, doc in docs.items()}
+
+    async def _index_entries(self, keys: Sequence[RunKey]) -> dict[RunKey, str | None]:
+        """The runs among ``keys`` that have a retention index entry, with its
+        ``pruned_at`` (one query)."""
+        if not keys:
+            return {}
+        ids = {row_id(*key): key for key in keys}
+        docs = await self._conn.find_by_id("deep_runs", list(ids), {"pruned_at": 1})
+        return {ids[_id]: doc.get("pruned_at") for _id, doc in docs.items()}
 
     async def _pruned(self, keys: Sequence[RunKey]) -> set[RunKey]:
-        """Those runs whose index entry is marked pruned (one ``_id`` lookup each)."""
-        if not keys:
-            return set()
-        collection = self._conn["deep_runs"]
-        docs = await asyncio.gather(
-            *(collection.find_one({"_id": row_id(*key)}, {"_id": 0, "pruned_at": 1}) for key in keys)
-        )
-        return {key for key, doc in zip(keys, docs, strict=True) if doc is not None and doc.get("pruned_at")}
+        """Those runs whose index entry is marked pruned."""
+        return {key for key, pruned_at in (await self._index_entries(keys)).items() if pruned_at}
 
     async def get_deep(self, company_id: str, run_id: str) -> list[DeepRecord]:
         async with _translated("get_deep"):

@@ -1,0 +1,150 @@
+"""What the MongoDB adapter sends per batch (counted with pymongo's command
+monitoring against the real server), and that its shortcuts keep the write
+semantics when their read is out of date: a row the read found absent is
+inserted, and updated instead if another writer created it meanwhile."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections import Counter
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from pymongo import AsyncMongoClient, monitoring
+
+from stepstream.sinks import DeepStore, StepStore, open_deep_store, open_step_store
+from stepstream.sinks import mongodb
+
+from sink_support import COMPANY, MONGO_ENV, deep, drop_database, mongo_url, run, state, step
+
+RUNS = 30
+
+
+class Commands(monitoring.CommandListener):
+    """``(command, collection)`` of every command sent, counted."""
+
+    def __init__(self) -> None:
+        self.sent: Counter[tuple[str, str]] = Counter()
+
+    def started(self, event: monitoring.CommandStartedEvent) -> None:
+        target = event.command.get(event.command_name)
+        self.sent[(event.command_name, target if isinstance(target, str) else "")] += 1
+
+    def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
+        pass
+
+    def failed(self, event: monitoring.CommandFailedEvent) -> None:
+        pass
+
+    def take(self) -> Counter[tuple[str, str]]:
+        sent, self.sent = self.sent, Counter()
+        return sent
+
+
+@pytest.fixture
+async def url() -> AsyncIterator[str]:
+    base = os.environ.get(MONGO_ENV)
+    if not base:
+        pytest.fail(f"{MONGO_ENV} is not set: run the suite via `make test`, which starts FerretDB")
+    url = mongo_url(base, f"stepstream_test_{uuid.uuid4().hex[:16]}")
+    yield url
+    await drop_database(url)
+
+
+@pytest.fixture
+def commands(monkeypatch: pytest.MonkeyPatch) -> Commands:
+    listener = Commands()
+
+    def client(url: str, **options: Any) -> AsyncMongoClient:
+        return AsyncMongoClient(url, event_listeners=[listener], **options)
+
+    monkeypatch.setattr(mongodb, "AsyncMongoClient", client)
+    return listener
+
+
+@pytest.fixture
+async def stores(url: str, commands: Commands) -> AsyncIterator[tuple[StepStore, DeepStore]]:
+    steps, deeps = await open_step_store(url), await open_deep_store(url)
+    yield steps, deeps
+    await steps.close()
+    await deeps.close()
+
+
+def _finds(sent: Counter[tuple[str, str]]) -> dict[str, int]:
+    return {collection: n for (name, collection), n in sent.items() if name in ("find", "getMore")}
+
+
+async def test_a_many_runs_batch_reads_each_collection_once(
+    stores: tuple[StepStore, DeepStore], commands: Commands
+) -> None:
+    steps, deeps = stores
+    runs = [f"r{i}" for i in range(RUNS)]
+    commands.take()
+    await deeps.write([deep(0, r, kind="thinking", reasoning="abc") for r in runs])
+    assert _finds(commands.take()) == {"deep_runs": 1, "run_step_details": 1}
+    await steps.write([step(0, r) for r in runs], [run(r) for r in runs], [state(r, last_seq=1) for r in runs])
+    assert _finds(commands.take()) == {"run_state": 1}
+    assert len(await steps.load_states(COMPANY, runs)) == RUNS
+    assert _finds(commands.take()) == {"run_state": 1}
+    # The next batch of the same runs: still one read each, and the text merged.
+    await deeps.write([deep(0, r, kind="thinking", reasoning="def", reasoning_offset=3) for r in runs])
+    assert _finds(commands.take()) == {"deep_runs": 1, "run_step_details": 1}
+    await steps.write([step(1, r) for r in runs], [run(r) for r in runs], [state(r, last_seq=2) for r in runs])
+    assert _finds(commands.take()) == {"run_state": 1}
+    assert {d.reasoning for r in runs for d in await deeps.get_deep(COMPANY, r)} == {"abcdef"}
+    assert {len(await steps.get_steps(COMPANY, r)) for r in runs} == {2}
+
+
+async def test_new_rows_are_inserted_not_updated(stores: tuple[StepStore, DeepStore], commands: Commands) -> None:
+    """Rows the read found absent cost FerretDB no scan: none of them is an update."""
+    steps, deeps = stores
+    runs = [f"r{i}" for i in range(RUNS)]
+    commands.take()
+    await deeps.write([deep(0, r, arguments={"a": 1}) for r in runs])
+    await steps.write(
+        [step(0, r) for r in runs], [run(r) for r in runs], [state(r, last_seq=1, next_ordinal=1) for r in runs]
+    )
+    sent = commands.take()
+    assert not [key for key in sent if key[0] == "update"], sent
+    # Steps past the stored next_ordinal are new too; the run record and state are not.
+    await steps.write([step(1, "r0")], [run("r0", step_count=2)], [state("r0", last_seq=2, next_ordinal=2)])
+    assert {key: n for key, n in commands.take().items() if key[0] in ("insert", "update")} == {
+        ("insert", "run_steps"): 1,
+        ("update", "runs"): 1,
+        ("update", "run_state"): 1,
+    }
+
+
+async def test_rows_created_after_the_read_are_updated_field_by_field(
+    url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A read that missed rows another writer created since (forced here): their
+    insert collides on ``_id`` and the update applies, exactly as without the read."""
+    steps, deeps = await open_step_store(url), await open_deep_store(url)
+    try:
+        await deeps.write([deep(0, arguments={"a": 1}, at=1)])
+        await steps.write([step(0, label="first")], [run(step_count=1)], [state(last_seq=1, next_ordinal=1)])
+
+        async def read_nothing(self: object, keys: object) -> dict:
+            return {}
+
+        monkeypatch.setattr(mongodb.MongoDeepStore, "_stored_reasoning", read_nothing)
+        monkeypatch.setattr(mongodb.MongoDeepStore, "_index_entries", read_nothing)
+        monkeypatch.setattr(mongodb.MongoStepStore, "_stored_last_seq", read_nothing)
+        await deeps.write([deep(0, output="out", at=2)])
+        assert await steps.write([step(0, status="ok")], [run(step_count=2)], [state(last_seq=2)]) == []
+        monkeypatch.undo()
+
+        [row] = await deeps.get_deep(COMPANY, "r1")
+        assert (row.arguments, row.output, row.ts) == ({"a": 1}, "out", deep(0, at=2).ts)
+        [entry] = await deeps.retention_index(COMPANY)
+        assert entry.version == 2
+        [got] = await steps.get_steps(COMPANY, "r1")
+        assert (got.label, got.status) == ("first", "ok")
+        assert (await steps.get_run(COMPANY, "r1")).step_count == 2
+        assert (await steps.load_states(COMPANY, ["r1"]))["r1"] == state(last_seq=2)
+    finally:
+        await steps.close()
+        await deeps.close()
