@@ -216,6 +216,9 @@ def workload(seed: int, batches: int, runs: int = 200) -> list[Batch]:
 _json = msgspec.json.Encoder()
 
 
+_DEEP_TABLE = tuple(f for f in DeepRecord.__struct_fields__ if f != "reasoning_offset")
+
+
 def _text(value: Any) -> str | None:
     """A structured field as the sinks store it: its JSON text."""
     return None if value is None else _json.encode(value).decode()
@@ -235,10 +238,12 @@ def _bare_rows(batches: list[Batch], *, as_stored: bool = False) -> list[dict[st
             if as_stored and reasoning is not None:
                 key = (d.company_id, d.run_id, d.step_seq)
                 reasoning = text[key] = text.get(key, "")[: d.reasoning_offset] + reasoning
-            deeps.append(
-                (d.company_id, d.run_id, d.step_seq, d.kind, d.ts, reasoning, _text(d.arguments), _text(d.output),
-                 int(d.clipped))  # fmt: skip
-            )
+            # The table's columns, in order: the record's fields but the reasoning offset;
+            # bodies and envelopes as JSON text.
+            values = {**{f: getattr(d, f) for f in _DEEP_TABLE}, "reasoning": reasoning, "clipped": int(d.clipped)}
+            for f in ("arguments", "output", "call_event", "result_event"):
+                values[f] = _text(values[f])
+            deeps.append(tuple(values[f] for f in _DEEP_TABLE))
         out.append(
             {
                 "run_step_details": deeps,
@@ -264,7 +269,7 @@ def _bare_rows(batches: list[Batch], *, as_stored: bool = False) -> list[dict[st
 def _bare_sqlite(path: Path, rows: list[dict[str, list[tuple[Any, ...]]]]) -> float:
     conn = sqlite3.connect(path, isolation_level=None)
     conn.execute("PRAGMA journal_mode=WAL")
-    conn.execute("PRAGMA synchronous=NORMAL")
+    conn.execute("PRAGMA synchronous=FULL")  # the sink's default durability
     conn.executescript(step_schema() + deep_schema())
     sql = {
         table: f"INSERT OR REPLACE INTO {table} VALUES ({', '.join('?' * len(sample[0]))})"
