@@ -1,4 +1,5 @@
-"""``sqlite:///path.db``: the embedded default, via aiosqlite.
+"""``sqlite:///path.db``: the embedded default; writes in a child process
+(``sinks.sqlite_writer``), reads via aiosqlite.
 
 The path follows the SQLAlchemy convention: ``sqlite:///stepstream.db`` is
 relative to the working directory, ``sqlite:////var/lib/stepstream.db`` is
@@ -26,8 +27,11 @@ Schema (created if missing; columns mirror the record fields)::
 
 **Writes** are ``executemany`` upserts with prepared statements, one
 ``BEGIN IMMEDIATE`` transaction per ``write`` call on a dedicated writer
-connection; reads use a second connection and, under WAL, see only committed
-batches. A step batch first reads, inside that transaction, the stored
+connection, which lives in a child process (``sinks.sqlite_writer``: one
+message per transaction, so building and binding rows never competes with the
+worker's folding for the GIL); the transaction bodies are the
+:data:`OPERATIONS` below. Reads use a second connection in this process (aiosqlite)
+and, under WAL, see only committed batches. A step batch first reads, inside that transaction, the stored
 ``last_seq`` of the runs it carries states for (a primary-key lookup per run,
 ``json_extract`` of the state) and drops the stale runs (``semantics.admit``),
 so the check and the write are one atomic step for every writer of the file.
