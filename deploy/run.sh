@@ -12,6 +12,7 @@ deploy/require.sh run
 run_dir="${RUN_DIR:-.run}"
 web_port="${WEB_PORT:-6066}"
 mkdir -p "$run_dir"
+run_dir="$(cd "$run_dir" && pwd)"  # absolute: RUN_DIR may be relative to the repository or not
 py=.venv/bin/python
 db="$run_dir/stepstream.db"
 
@@ -19,10 +20,10 @@ broker="$(deploy/kafka/kafka.sh status --data "$run_dir/kafka" 2>/dev/null || de
 echo "run: Kafka broker       $broker   (data $run_dir/kafka)"
 
 export STEPSTREAM_BROKER="$broker"
-export STEPSTREAM_STEPS_SINK="sqlite:///$repo/$db"
+export STEPSTREAM_STEPS_SINK="sqlite:///$db"
 export STEPSTREAM_WEB_PORT="$web_port"
 api_port="${API_PORT:-8080}"
-export STEPSTREAM_TOKENS_FILE="$repo/$run_dir/tokens.json"
+export STEPSTREAM_TOKENS_FILE="$run_dir/tokens.json"
 
 worker_pid=""
 api_pid=""
