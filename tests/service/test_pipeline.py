@@ -477,3 +477,27 @@ async def test_group_commit_a_batch_grows_while_the_previous_write_is_in_flight(
         full = pipe.apply(call(), feed.tp, feed.offset)
         n += 1
     assert len(pipe._batch) < 10 + 4
+
+
+async def test_states_loaded_for_a_partition_not_delivered_are_read_again():
+    """A fetch's states are loaded for all its partitions at once; when a partition is
+    then not delivered (a rebalance began), ``unstage`` drops what was loaded for it:
+    by the time it comes back another owner may have moved the run on."""
+    from stepstream.pipeline import NotLoaded
+
+    steps, deep = MemoryStepStore(), MemoryDeepStore()
+    start = _ev(RunStart, RunStartPayload(agent_name="a"), 0)
+    call = _ev(ToolCall, ToolCallPayload(call_id="c", tool="t", arguments={}), 1)
+    mine = _pipe(steps, deep)
+    await mine.load([("acme", "r1")])  # nothing stored yet
+    mine.unstage()  # the partition was not delivered
+    other = _pipe(steps, deep)  # the other owner applies the run's first events
+    await other.push(start)
+    await other.push(call)
+    await other.flush()
+    with pytest.raises(NotLoaded):
+        mine.apply(_ev(ToolCall, ToolCallPayload(call_id="d", tool="t", arguments={}), 2))
+    await mine.load([("acme", "r1")])
+    mine.apply(_ev(ToolCall, ToolCallPayload(call_id="d", tool="t", arguments={}), 2))
+    await mine.flush()
+    assert [s.step_seq for s in await steps.get_steps("acme", "r1")] == [0, 1]

@@ -132,48 +132,67 @@ class IngestWorker:
         whether some were left undelivered (a rebalance began meanwhile)."""
         skipped = False
         async with self.lock:
-            if self.closed or self.pipeline is None:
+            pipeline = self.pipeline
+            if self.closed or pipeline is None:
                 return False
             try:
+                fetched = {tp: self._decode(tp, batch) for tp, batch in records.items() if batch and current(tp)}
+                # The durable states of every run of the fetch, in one wait (not one per partition).
+                await pipeline.load(
+                    (item[0].company_id, item[0].run_id)
+                    for _, items in fetched.values()
+                    for item in items
+                    if item[0] is not None
+                )
                 for tp, batch in records.items():
                     if not batch:
                         continue
-                    if current(tp):
-                        await self._deliver(tp, batch)
+                    if tp in fetched and current(tp):
+                        await self._deliver(tp, *fetched[tp])
                     else:
                         skipped = True
             except StoreFailed as exc:
                 die("the stores failed", exc)
+            finally:
+                pipeline.unstage()  # states loaded for partitions not delivered are not kept
         return skipped
 
-    async def _deliver(self, tp: Any, records: list[Any]) -> None:
-        pipeline = self.pipeline
-        assert pipeline is not None
-        ledger = self.ledger
-        expected = ledger.next_offset(tp)
+    def _decode(self, tp: Any, records: list[Any]) -> tuple[list[Any], list[tuple[Any, Any, str, str]]]:
+        """The partition's records not delivered yet, each decoded: ``(event, record, "", "")``
+        or, for a record to dead-letter, ``(None, record, reason, detail)``. No side effects."""
+        expected = self.ledger.next_offset(tp)
         if expected is not None and records[0].offset < expected:
             records = [r for r in records if r.offset >= expected]  # re-fetched after a seek
-            if not records:
-                return
-        ledger.delivered(tp, records[0].offset, records[-1].offset)
         max_bytes = self.settings.max_event_bytes
-        good: list[tuple[Any, Any]] = []
+        items: list[tuple[Any, Any, str, str]] = []
         for record in records:
             try:
                 event = decode_event(record.value if record.value is not None else b"", max_bytes=max_bytes)
             except WireError as exc:
-                await self._dead_letter(record, exc.reason, exc.detail)
+                items.append((None, record, exc.reason, exc.detail))
                 continue
             if record.key != f"{event.company_id}/{event.run_id}".encode():
-                await self._dead_letter(
-                    record, "bad_key", "the Kafka key is not {company_id}/{run_id} of the event"
-                )
+                items.append((None, record, "bad_key", "the Kafka key is not {company_id}/{run_id} of the event"))
                 continue
-            good.append((event, record))
+            items.append((event, record, "", ""))
+        return records, items
+
+    async def _deliver(self, tp: Any, records: list[Any], items: list[tuple[Any, Any, str, str]]) -> None:
+        if not records:
+            return
+        pipeline = self.pipeline
+        assert pipeline is not None
+        ledger = self.ledger
+        ledger.delivered(tp, records[0].offset, records[-1].offset)
+        good: list[tuple[Any, Any]] = []
+        for event, record, reason, detail in items:
+            if event is None:
+                await self._dead_letter(record, reason, detail)
+            else:
+                good.append((event, record))
         self.processed += len(records)
         if not good:
             return
-        await pipeline.load((event.company_id, event.run_id) for event, _ in good)
         last = len(good) - 1
         for i, (event, record) in enumerate(good):
             try:

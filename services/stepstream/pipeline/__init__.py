@@ -136,6 +136,11 @@ class Pipeline:
         # The companies' queries at once: one wait instead of one per company.
         await asyncio.gather(*(one(company, runs) for company, runs in wanted.items()))
 
+    def unstage(self) -> None:
+        """Forget the states :meth:`load` ed for runs not applied since (a fetch's
+        partitions that were not delivered): the next load reads them again."""
+        self._staged.clear()
+
     def apply(self, event: Event, tp: Hashable = None, offset: int = 0) -> bool:
         """Fold one event into the open batch; ``True`` when the batch is full (the
         caller then awaits :meth:`flush`). Raises ``WireError`` for an event the fold
