@@ -53,6 +53,8 @@ async def test_many_kills_and_a_flapping_second_worker_converge(kafka_bootstrap,
         main.stop()
     finally:
         scenario.stop_all()
+    stops = [(w.log_path.name, None if w.stop_seconds is None else round(w.stop_seconds, 1)) for w in scenario.workers]
+    print(f"soak: SIGTERM to exit (s): {[s for s in stops if s[1] is None or s[1] > 0]}")
     got = await dump(scenario.steps_url, scenario.deep_url, companies)
     print(f"soak: {len(events)} events, {RUNS} runs, {KILLS} kills: {'converged' if got == golden else 'DIVERGED'}")
     assert got == golden, first_difference(golden, got)
