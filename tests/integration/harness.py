@@ -55,6 +55,7 @@ class WorkerProcess:
         env.update(extra_env or {})
         self._log = self.log_path.open("ab")
         self.stop_seconds: float | None = None  # SIGTERM to exit, once stop() saw it exit
+        self.stop_timed_out = False  # stop() had to SIGKILL it
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "stepstream.cli", "worker"], env=env, stdout=self._log, stderr=subprocess.STDOUT
         )
@@ -108,6 +109,7 @@ class WorkerProcess:
                 self.stop_seconds = time.monotonic() - sent
                 note = f"\n[harness] exit {self.proc.returncode} {self.stop_seconds:.1f}s after SIGTERM\n"
             except subprocess.TimeoutExpired:
+                self.stop_timed_out = True
                 note = f"\n[harness] no exit {timeout:.0f}s after SIGTERM; SIGKILL\n"
                 self.proc.kill()
                 self.proc.wait(10)

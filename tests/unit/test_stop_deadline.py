@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import threading
 
-from stepstream.ingest.stopping import StopDeadline, stopping_services
+from stepstream.ingest.stopping import StopDeadline, stopping_services, waiting_threads
 
 
 class FakeService:
@@ -64,3 +64,18 @@ def test_stopping_services_names_the_deepest_first():
     done = FakeService("Fetcher", "shutdown")
     app = FakeService("App", "stopping", [done, consumer, web])
     assert stopping_services(app) == ["AIOKafkaConsumerThread", "BatchConsumer", "App"]
+
+
+def test_waiting_threads_names_the_non_daemon_threads_only():
+    release = threading.Event()
+    worker = threading.Thread(target=release.wait, name="stuck-consumer")
+    daemon = threading.Thread(target=release.wait, name="a-daemon", daemon=True)
+    worker.start()
+    daemon.start()
+    try:
+        names = waiting_threads()
+    finally:
+        release.set()
+        worker.join()
+        daemon.join()
+    assert "stuck-consumer" in names and "a-daemon" not in names

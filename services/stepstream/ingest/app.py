@@ -46,7 +46,7 @@ from stepstream.errors import WireError
 from stepstream.ingest.consumer import BatchConsumer, BatchTransport, Records
 from stepstream.ingest.lag import LagPoller
 from stepstream.ingest.ledger import Ledger
-from stepstream.ingest.stopping import StopDeadline, stopping_services
+from stepstream.ingest.stopping import StopDeadline, stopping_services, waiting_threads
 from stepstream.metrics import Metrics
 from stepstream.pipeline import NotLoaded, Pipeline, StoreFailed
 from stepstream.sinks import open_deep_store, open_step_store
@@ -398,6 +398,9 @@ def _still_stopping(app: faust.App) -> str:
     what = stopping_services(app)
     if app.rebalancing:
         what.append("a rebalance of the group is in progress (the consumer waits for it before leaving)")
+    threads = waiting_threads()
+    if threads:
+        what.append(f"threads {', '.join(threads)}")
     return ", ".join(what) or "nothing faust reports"
 
 

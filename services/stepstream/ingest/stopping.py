@@ -79,3 +79,12 @@ def stopping_services(root: object) -> list[str]:
 
     walk(root)
     return out
+
+
+def waiting_threads() -> list[str]:
+    """Names of the threads other than this one and the main thread that keep the
+    process alive (not daemons): what the interpreter waits for once faust closed
+    its event loop."""
+    here = threading.current_thread()
+    main = threading.main_thread()
+    return [t.name for t in threading.enumerate() if t is not here and t is not main and not t.daemon]
