@@ -341,7 +341,9 @@ async def test_sigterm_while_a_rebalance_waits_for_a_paused_member_exits_within_
     half = len(events) // 2
     await scenario.produce(events[:half])
     grace = 3.0
-    a = scenario.start_worker(name="a", STEPSTREAM_STOP_GRACE_SECONDS=str(grace), STEPSTREAM_SESSION_TIMEOUT_SECONDS="6")
+    a = scenario.start_worker(
+        name="a", STEPSTREAM_STOP_GRACE_SECONDS=str(grace), STEPSTREAM_SESSION_TIMEOUT_SECONDS="6"
+    )
     await asyncio.to_thread(a.wait_web)
     await wait_for(lambda: a.metric_sum("stepstream_events_total") > 0, 60, "a to process")
     b = scenario.start_worker(name="b", STEPSTREAM_SESSION_TIMEOUT_SECONDS="45")
