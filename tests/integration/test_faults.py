@@ -14,7 +14,9 @@ ends with the sinks compared record for record with ``ingest-file`` of the same 
 * SIGTERM while a batch write is pending: exit 0, and the committed offset of every
   partition is exactly its durable watermark as read back from the sinks;
 * SIGTERM while the group's rebalance waits for a paused member: exit 0 within the stop
-  grace (not when the paused member's session expires), and the group converges.
+  grace (not when the paused member's session expires), and the group converges;
+* SIGTERM while a worker starts (its consumer still joins the group): exit 0 promptly,
+  LeaveGroup sent (no ghost member holding up the group for a session).
 """
 
 from __future__ import annotations
@@ -368,4 +370,44 @@ async def test_sigterm_while_a_rebalance_waits_for_a_paused_member_exits_within_
     await wait_caught_up(scenario.broker, scenario.group, scenario.topic, [b, c], timeout=180, stall=60)
     assert b.stop(timeout=30) == 0, b.tail()
     assert c.stop(timeout=30) == 0, c.tail()
+    await assert_golden(scenario, companies, golden)
+
+
+async def test_sigterm_during_startup_leaves_the_group_and_exits(scenario, corpus, golden):
+    """A worker SIGTERMed while it starts still joins the group (faust's consumer thread
+    subscribes anyway). faust answers a rebalance that reaches a stopping app by closing
+    the aiokafka consumer from the wrong event loop: the consumer then never sent
+    LeaveGroup, so the group waited a whole session for the ghost (any SIGTERM in that
+    rebalance waited with it), or its stop hung for good. The worker leaves the close to
+    the consumer thread's own stop: exit 0 promptly, LeaveGroup sent, and the other
+    worker owns the topic again well within the stopped worker's session."""
+    events, companies = corpus
+    await scenario.create_topics()
+    await scenario.produce(events)
+    k = scenario.start_worker(name="k")
+    await asyncio.to_thread(k.wait_web)
+    await wait_for(lambda: k.ready_status()[0] == 200, 60, "k to own the topic")
+    session = 30.0  # how long a ghost of a would hold up the group
+    for attempt in range(3):
+        a = scenario.start_worker(
+            name=f"a{attempt}", STEPSTREAM_LOG_LEVEL="info", STEPSTREAM_SESSION_TIMEOUT_SECONDS=str(session),
+            STEPSTREAM_STOP_GRACE_SECONDS=str(session),  # the stop deadline must not be what ends it
+        )
+        # Before the consumer subscribes: faust's app is up, its tables not yet.
+        await wait_for(lambda: "Waiting for tables to be registered" in a.log_path.read_text(errors="replace"),
+                       60, "a to start", 0.01)  # fmt: skip
+        a.terminate()
+        sent = time.monotonic()
+        rc = await asyncio.to_thread(a.wait_exit, 60)
+        took = time.monotonic() - sent
+        log = a.log_path.read_text(errors="replace")
+        assert rc == 0, f"exit status {rc} {took:.1f}s after SIGTERM:\n{a.tail()}"
+        assert took < 10.0, f"SIGTERM took {took:.1f}s:\n{a.tail()}"
+        joined = "(Re-)joining group" in log
+        assert not joined or "LeaveGroup request succeeded" in log, f"a left a ghost in the group:\n{a.tail()}"
+        print(f"SIGTERM during startup: exit 0 in {took:.1f}s; joined the group: {joined}")
+        await asyncio.sleep(3.0)  # k's heartbeat has seen any rebalance a's join opened
+        await wait_for(lambda: k.ready_status()[0] == 200, 10, "k to own the topic again")
+    await wait_caught_up(scenario.broker, scenario.group, scenario.topic, [k], timeout=180, stall=60)
+    assert k.stop(timeout=30) == 0, k.tail()
     await assert_golden(scenario, companies, golden)

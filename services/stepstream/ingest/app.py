@@ -21,7 +21,8 @@ Design (docs/worker.md has the long form):
   every write is idempotent and never moves a run backwards.
 * On SIGTERM the batch in hand is written and its offsets committed; the rest of
   faust's stop gets ``stop_grace_seconds``, then the process exits 0 anyway
-  (:mod:`stepstream.ingest.stopping` says why).
+  (:mod:`stepstream.ingest.stopping` says why). A rebalance during the stop is left to
+  the consumer thread, which leaves the group (:class:`StepstreamApp`).
 """
 
 from __future__ import annotations
@@ -299,6 +300,15 @@ class StepstreamApp(faust.App):
     async def on_first_start(self) -> None:
         await super().on_first_start()
         await self.stepstream.start()
+
+    def _on_rebalance_when_stopped(self) -> None:
+        # faust closes the aiokafka consumer here when a rebalance reaches a stopping app,
+        # by running the consumer's coroutines on the main loop although they belong to
+        # the consumer thread's loop; a worker SIGTERMed while it was joining the group
+        # then hung for good once its join completed (partitions assigned, no LeaveGroup,
+        # no exit). The consumer thread's own stop closes the consumer on its own loop
+        # and leaves the group: nothing is needed here.
+        log.info("a rebalance reached the stopping worker; the consumer thread's stop leaves the group")
 
 
 def create_app(settings: Settings, metrics: Metrics | None = None) -> faust.App:
