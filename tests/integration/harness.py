@@ -191,14 +191,6 @@ async def group_offsets(broker: str, group: str, topic: str) -> tuple[dict[int, 
         await admin.close()
 
 
-async def group_lag(broker: str, group: str, topic: str) -> int:
-    """Log-end minus committed offsets of ``group`` over every partition of ``topic``."""
-    ends, committed = await group_offsets(broker, group, topic)
-    if committed is None:
-        return sum(ends.values()) or -1
-    return sum(ends[p] - committed[p] for p in ends)
-
-
 async def wait_caught_up(
     broker: str, group: str, topic: str, workers: list[WorkerProcess], timeout: float = 180.0,
     stall: float | None = None,
