@@ -149,8 +149,12 @@ cluster_id() {
     if [[ -f "$meta" ]]; then
         sed -n 's/^cluster\.id=//p' "$meta"
     else
-        # Kafka's Uuid text form: 16 random bytes, URL-safe base64, no padding.
-        python3 -c 'import base64, os; print(base64.urlsafe_b64encode(os.urandom(16)).decode().rstrip("="))'
+        # Kafka's Uuid text form: 16 random bytes, URL-safe base64, no padding; like
+        # Kafka's Uuid.randomUuid, never one starting with "-", which the storage tool
+        # would read as an option (1 start in 64 failed with "expected one argument").
+        python3 -c 'import base64, os
+while (u := base64.urlsafe_b64encode(os.urandom(16)).decode().rstrip("=")).startswith("-"): pass
+print(u)'
     fi
 }
 

@@ -50,6 +50,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--store-retry-seconds", type=float, help="retry a batch while a store is unavailable, then exit 70 [60]"
     )
+    p.add_argument(
+        "--stop-grace-seconds", type=float,
+        help="on SIGTERM, exit this long after the last batch is committed even if faust has not finished [15]",
+    )
 
     p = sub.add_parser("demo", help="emit realistic agent runs to the raw topic")
     _common(p)
@@ -258,7 +262,7 @@ def _settings(args: argparse.Namespace) -> Settings:
     keys = (
         "broker", "topic", "partitions", "log_level", "steps_sink", "deep_sink", "app_id",
         "web_port", "web_host", "max_event_bytes", "idle_flush_seconds", "max_hold_seconds", "max_open_runs",
-        "store_retry_seconds", "replication_factor", "tokens_file", "api_host", "api_port",
+        "store_retry_seconds", "stop_grace_seconds", "replication_factor", "tokens_file", "api_host", "api_port",
         "compactor_interval_seconds", "compactor_web_port", "deep_runs_per_company",
         "deep_ttl_seconds", "step_ttl_seconds", "abandon_after_seconds", "retention_file",
     )

@@ -51,6 +51,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     fault_plan: str = ""
     # Consumer group session timeout: a worker silent this long loses its partitions.
     session_timeout_seconds: float = 60.0
+    # On SIGTERM, once the last batch is written and committed, the rest of the stop
+    # (leaving the group, which first waits for a rebalance in flight) gets this long;
+    # then the process exits 0 anyway (ingest/stopping.py). 0: wait for faust.
+    stop_grace_seconds: float = 15.0
     max_event_bytes: int = 1_048_576
     lag_poll_seconds: float = 2.0
     log_level: str = "warning"

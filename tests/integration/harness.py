@@ -49,10 +49,13 @@ class WorkerProcess:
             STEPSTREAM_PARTITIONS=str(partitions),
             STEPSTREAM_WEB_PORT=str(self.port),
             STEPSTREAM_IDLE_FLUSH_SECONDS="1.0",
-            STEPSTREAM_LOG_LEVEL="warning",
+            # STEPSTREAM_TEST_WORKER_LOG_LEVEL=info shows rebalances, commits and shutdown steps.
+            STEPSTREAM_LOG_LEVEL=os.environ.get("STEPSTREAM_TEST_WORKER_LOG_LEVEL", "warning"),
         )
         env.update(extra_env or {})
         self._log = self.log_path.open("ab")
+        self.stop_seconds: float | None = None  # SIGTERM to exit, once stop() saw it exit
+        self.stop_timed_out = False  # stop() had to SIGKILL it
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "stepstream.cli", "worker"], env=env, stdout=self._log, stderr=subprocess.STDOUT
         )
@@ -96,14 +99,22 @@ class WorkerProcess:
             self.proc.wait(10)
 
     def stop(self, timeout: float = 30.0) -> int:
+        """SIGTERM, then SIGKILL if the process has not exited within ``timeout`` s.
+        How long the exit took is in :attr:`stop_seconds` and at the end of the log."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
+            sent = time.monotonic()
             try:
                 self.proc.wait(timeout)
+                self.stop_seconds = time.monotonic() - sent
+                note = f"\n[harness] exit {self.proc.returncode} {self.stop_seconds:.1f}s after SIGTERM\n"
             except subprocess.TimeoutExpired:
-                self.log_path.open("ab").write(b"\n[harness] no exit after SIGTERM; SIGKILL\n")
+                self.stop_timed_out = True
+                note = f"\n[harness] no exit {timeout:.0f}s after SIGTERM; SIGKILL\n"
                 self.proc.kill()
                 self.proc.wait(10)
+            with self.log_path.open("ab") as log:
+                log.write(note.encode())
         self._log.close()
         return self.proc.returncode
 
@@ -155,46 +166,74 @@ class WorkerProcess:
             return None
 
 
-async def group_lag(broker: str, group: str, topic: str) -> int:
-    """Log-end minus committed offsets of ``group`` over every partition of ``topic``."""
+async def group_offsets(broker: str, group: str, topic: str) -> tuple[dict[int, int], dict[int, int] | None]:
+    """``(log end, committed)`` offsets of ``group`` per partition of ``topic``; committed
+    is 0 where nothing is committed yet, and ``None`` while the broker cannot answer
+    for the group (a fresh broker still making its offsets topic)."""
     admin = AIOKafkaAdminClient(bootstrap_servers=broker)
     consumer = AIOKafkaConsumer(bootstrap_servers=broker, enable_auto_commit=False)
     await admin.start()
     await consumer.start()
     try:
-        parts = consumer.partitions_for_topic(topic) or set()
-        if not parts:
-            await consumer._client.force_metadata_update()
-            parts = consumer.partitions_for_topic(topic) or set()
-        tps = [TopicPartition(topic, p) for p in parts]
-        ends = await consumer.end_offsets(tps)
+        tps = await _topic_partitions(consumer, topic)
+        ends = {tp.partition: offset for tp, offset in (await consumer.end_offsets(tps)).items()}
         try:
             committed = await admin.list_consumer_group_offsets(group, partitions=tps)
         except GroupCoordinatorNotAvailableError:
-            return sum(ends.values()) or -1  # a fresh broker: the offsets topic is still being made
-        lag = 0
+            return ends, None
+        marks = {}
         for tp in tps:
             meta = committed.get(tp)
-            lag += ends[tp] - (meta.offset if meta is not None and meta.offset >= 0 else 0)
-        return lag
+            marks[tp.partition] = meta.offset if meta is not None and meta.offset >= 0 else 0
+        return ends, marks
     finally:
         await consumer.stop()
         await admin.close()
 
 
-async def wait_caught_up(broker: str, group: str, topic: str, workers: list[WorkerProcess], timeout: float = 180.0) -> None:
-    deadline = time.monotonic() + timeout
+async def wait_caught_up(
+    broker: str, group: str, topic: str, workers: list[WorkerProcess], timeout: float = 180.0,
+    stall: float | None = None,
+) -> list[str]:
+    """Wait until ``group`` has committed every partition of ``topic`` to its log end.
+
+    Fails when a worker in ``workers`` dies, after ``timeout`` s in all, or, with
+    ``stall``, as soon as no committed offset of the group has moved for ``stall`` s
+    while it still lags: a worker that keeps committing on a slow (loaded) machine is
+    waited for up to ``timeout``; a stall fails after ``stall`` s. The message lists the
+    lag of every partition over the wait, so a partition that stalled shows; that
+    history (one line per change) is also what it returns."""
+    start = time.monotonic()
+    deadline = start + timeout
+    progress_at = start
+    last: dict[int, int] | None = None
+    history: list[str] = []
     lag = None
-    while time.monotonic() < deadline:
+    while True:
         for w in workers:
             if not w.alive():
                 raise AssertionError(f"worker died (rc={w.proc.returncode}):\n{w.tail()}")
-        lag = await group_lag(broker, group, topic)
-        if lag == 0:
-            return
+        ends, offsets = await group_offsets(broker, group, topic)
+        now = time.monotonic()
+        committed = offsets if offsets is not None else {p: 0 for p in ends}
+        lags = {p: ends[p] - committed[p] for p in sorted(ends)}
+        lag = sum(lags.values())
+        if lag == 0 and offsets is not None:
+            history.append(f"{now - start:6.1f}s caught up")
+            return history
+        if committed != last:
+            progress_at = now
+            last = committed
+            history.append(f"{now - start:6.1f}s lag {lag}: " + " ".join(f"p{p}={n}" for p, n in lags.items()))
+        stalled = stall is not None and now - progress_at > stall
+        if stalled or now > deadline:
+            logs = "\n---\n".join(w.tail() for w in workers)
+            why = f"no committed offset moved for {stall}s" if stalled else f"still lagging after {timeout}s"
+            raise AssertionError(
+                f"group {group} lags {lag} records ({why}); lag per partition at each change:\n"
+                + "\n".join(history[-30:]) + f"\nnow: {lags}\nlogs:\n{logs}"
+            )
         await asyncio.sleep(0.5)
-    logs = "\n---\n".join(w.tail() for w in workers)
-    raise AssertionError(f"group {group} still lags {lag} records after {timeout}s; logs:\n{logs}")
 
 
 async def dump(steps_url: str, deep_url: str, companies: list[str]) -> dict:

@@ -12,7 +12,11 @@ ends with the sinks compared record for record with ``ingest-file`` of the same 
 * a zombie: a worker paused (SIGSTOP) past its session timeout while its batch write is
   pending, resumed after another worker took over: no run state ever moves backwards;
 * SIGTERM while a batch write is pending: exit 0, and the committed offset of every
-  partition is exactly its durable watermark as read back from the sinks.
+  partition is exactly its durable watermark as read back from the sinks;
+* SIGTERM while the group's rebalance waits for a paused member: exit 0 within the stop
+  grace (not when the paused member's session expires), and the group converges;
+* SIGTERM while a worker starts (its consumer still joins the group): exit 0 promptly,
+  LeaveGroup sent (no ghost member holding up the group for a session).
 """
 
 from __future__ import annotations
@@ -135,13 +139,17 @@ async def _random_faults(scenario: Scenario, events, companies, golden, *, slice
             kills += 1
             main = scenario.start_worker(name=f"m{kills}", **env)
     # Faults stay on to the end: a partition must not stall under them either.
+    waited = time.monotonic()
     try:
-        await wait_caught_up(scenario.broker, scenario.group, scenario.topic, [main], timeout=90)
+        history = await wait_caught_up(scenario.broker, scenario.group, scenario.topic, [main], timeout=900, stall=90)
     except AssertionError as exc:
         raise AssertionError(f"{await explain_lag(scenario)}\n{exc}") from None
+    waited = time.monotonic() - waited
     assert main.stop(timeout=30) == 0, main.tail()
     if second is not None:
         second.stop()
+    stops = sorted(round(w.stop_seconds, 1) for w in scenario.workers if w.stop_seconds is not None)
+    print(f"caught up {waited:.0f}s after the last slice ({history[0].strip()}); SIGTERM to exit (s): {stops}")
     faults = read_log(plan)
     actions = {e["action"] for e in faults}
     assert {"fail", "fail_after"} <= actions and len(faults) >= 10, faults
@@ -319,4 +327,87 @@ async def test_sigterm_mid_batch_exits_0_and_commits_exactly_the_durable_waterma
     again = scenario.start_worker(name="after")
     await wait_caught_up(scenario.broker, scenario.group, scenario.topic, [again], timeout=120)
     assert again.stop(timeout=30) == 0, again.tail()
+    await assert_golden(scenario, companies, golden)
+
+
+# -- (f) SIGTERM while the group waits for a member that does not answer ----------------------
+
+
+async def test_sigterm_while_a_rebalance_waits_for_a_paused_member_exits_within_the_grace(scenario, corpus, golden):
+    """aiokafka's consumer stop first waits for a JoinGroup in flight, which the broker
+    answers only once every member rejoined or its session expired. With a member
+    paused (SIGSTOP, session 45 s), a worker caught in such a rebalance would take
+    until then to stop; the stop grace ends it earlier, after its batch is committed."""
+    events, companies = corpus
+    await scenario.create_topics()
+    half = len(events) // 2
+    await scenario.produce(events[:half])
+    grace = 3.0
+    a = scenario.start_worker(
+        name="a", STEPSTREAM_STOP_GRACE_SECONDS=str(grace), STEPSTREAM_SESSION_TIMEOUT_SECONDS="6"
+    )
+    await asyncio.to_thread(a.wait_web)
+    await wait_for(lambda: a.metric_sum("stepstream_events_total") > 0, 60, "a to process")
+    b = scenario.start_worker(name="b", STEPSTREAM_SESSION_TIMEOUT_SECONDS="45")
+    await asyncio.to_thread(b.wait_web)
+    await wait_for(lambda: a.ready_status()[0] == 200 and b.ready_status()[0] == 200, 60, "a and b to share the topic")
+    b.pause()
+    c = scenario.start_worker(name="c")  # its join opens a rebalance that waits for b
+    await wait_for(lambda: a.ready_status()[1].get("rebalancing"), 30, "a to be in the rebalance")
+    await asyncio.sleep(1.0)  # a's JoinGroup is in flight now
+    a.terminate()
+    sent = time.monotonic()
+    rc = await asyncio.to_thread(a.wait_exit, 40)
+    took = time.monotonic() - sent
+    b.resume()
+    assert rc == 0, f"exit status {rc} {took:.1f}s after SIGTERM:\n{a.tail()}"
+    # Without the grace the stop lasts until b's session expires (~40 s more).
+    assert took < grace + 10.0, f"SIGTERM took {took:.1f}s:\n{a.tail()}"
+    assert "did not end within" in a.tail(), a.tail()
+    print(f"SIGTERM during a stuck rebalance: exit 0 in {took:.1f}s (grace {grace:.0f}s)")
+
+    await scenario.produce(events[half:])
+    await wait_caught_up(scenario.broker, scenario.group, scenario.topic, [b, c], timeout=180, stall=60)
+    assert b.stop(timeout=30) == 0, b.tail()
+    assert c.stop(timeout=30) == 0, c.tail()
+    await assert_golden(scenario, companies, golden)
+
+
+async def test_sigterm_during_startup_leaves_the_group_and_exits(scenario, corpus, golden):
+    """A worker SIGTERMed while it starts still joins the group (faust's consumer thread
+    subscribes anyway). faust answers a rebalance that reaches a stopping app by closing
+    the aiokafka consumer from the wrong event loop: the consumer then never sent
+    LeaveGroup, so the group waited a whole session for the ghost (any SIGTERM in that
+    rebalance waited with it), or its stop hung for good. The worker leaves the close to
+    the consumer thread's own stop: exit 0 promptly, LeaveGroup sent, and the other
+    worker owns the topic again well within the stopped worker's session."""
+    events, companies = corpus
+    await scenario.create_topics()
+    await scenario.produce(events)
+    k = scenario.start_worker(name="k")
+    await asyncio.to_thread(k.wait_web)
+    await wait_for(lambda: k.ready_status()[0] == 200, 60, "k to own the topic")
+    session = 30.0  # how long a ghost of a would hold up the group
+    for attempt in range(3):
+        a = scenario.start_worker(
+            name=f"a{attempt}", STEPSTREAM_LOG_LEVEL="info", STEPSTREAM_SESSION_TIMEOUT_SECONDS=str(session),
+            STEPSTREAM_STOP_GRACE_SECONDS=str(session),  # the stop deadline must not be what ends it
+        )
+        # Before the consumer subscribes: faust's app is up, its tables not yet.
+        await wait_for(lambda: "Waiting for tables to be registered" in a.log_path.read_text(errors="replace"),
+                       60, "a to start", 0.01)  # fmt: skip
+        a.terminate()
+        sent = time.monotonic()
+        rc = await asyncio.to_thread(a.wait_exit, 60)
+        took = time.monotonic() - sent
+        log = a.log_path.read_text(errors="replace")
+        assert rc == 0, f"exit status {rc} {took:.1f}s after SIGTERM:\n{a.tail()}"
+        assert took < 10.0, f"SIGTERM took {took:.1f}s:\n{a.tail()}"
+        joined = "(Re-)joining group" in log
+        assert not joined or "LeaveGroup request succeeded" in log, f"a left a ghost in the group:\n{a.tail()}"
+        print(f"SIGTERM during startup: exit 0 in {took:.1f}s; joined the group: {joined}")
+        await asyncio.sleep(3.0)  # k's heartbeat has seen any rebalance a's join opened
+        await wait_for(lambda: k.ready_status()[0] == 200, 10, "k to own the topic again")
+    await wait_caught_up(scenario.broker, scenario.group, scenario.topic, [k], timeout=180, stall=60)
+    assert k.stop(timeout=30) == 0, k.tail()
     await assert_golden(scenario, companies, golden)

@@ -37,6 +37,7 @@ SOURCE_SHA256_16 = {
     "faust.app.base.App.transport": "faf137f34d512f4e",
     "faust.app.base.App._on_partitions_revoked": "d5c895bbe57dc73a",
     "faust.app.base.App.on_stop": "bfe5a933defb2324",
+    "faust.app.base.App._on_rebalance_when_stopped": "1b172d9af8ff4eb6",
 }
 # Instance attributes: checked by where faust assigns them.
 ASSIGNED_IN = {

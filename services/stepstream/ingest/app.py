@@ -19,6 +19,10 @@ Design (docs/worker.md has the long form):
   next owner reloads each run's durable state from the step store and replays from
   the committed offset, which converges because the engine is deterministic and
   every write is idempotent and never moves a run backwards.
+* On SIGTERM the batch in hand is written and its offsets committed; the rest of
+  faust's stop gets ``stop_grace_seconds``, then the process exits 0 anyway
+  (:mod:`stepstream.ingest.stopping` says why). A rebalance during the stop is left to
+  the consumer thread, which leaves the group (:class:`StepstreamApp`).
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ from stepstream.errors import WireError
 from stepstream.ingest.consumer import BatchConsumer, BatchTransport, Records
 from stepstream.ingest.lag import LagPoller
 from stepstream.ingest.ledger import Ledger
+from stepstream.ingest.stopping import StopDeadline, stopping_services, waiting_threads
 from stepstream.metrics import Metrics
 from stepstream.pipeline import NotLoaded, Pipeline, StoreFailed
 from stepstream.sinks import open_deep_store, open_step_store
@@ -51,6 +56,7 @@ log = logging.getLogger(__name__)
 
 DETAIL_CHARS = 500  # the stepstream-detail header, scrubbed (core.redact.scrub)
 EXIT_STORE_FAILED = 70  # EX_SOFTWARE: the stores failed under the fault policy; Kafka rewinds
+COMMIT_TIMEOUT_SECONDS = 5.0  # a commit on revocation or shutdown; past it the next owner re-reads
 
 
 def die(reason: str, exc: BaseException | None = None) -> None:
@@ -64,6 +70,14 @@ def die(reason: str, exc: BaseException | None = None) -> None:
             pass
     sys.stderr.flush()
     os._exit(EXIT_STORE_FAILED)
+
+
+async def commit_now(consumer: Any, tps: set[Any] | None = None) -> None:
+    """Commit the ledger's watermarks of ``tps`` (default: all) now. faust's ``commit``
+    returns without committing when it only waited for a commit already in flight
+    (which may carry older watermarks): then it is called once more."""
+    if not await consumer.commit(tps):
+        await consumer.commit(tps)
 
 
 class IngestWorker:
@@ -264,14 +278,15 @@ class IngestWorker:
                 die("the stores failed", exc)
             log.info("revoked %s at watermarks %s", tps, {str(tp): self.ledger.watermark(tp) for tp in tps})
             try:
-                await asyncio.wait_for(consumer.commit(set(tps)), timeout=5.0)
+                await asyncio.wait_for(commit_now(consumer, set(tps)), timeout=COMMIT_TIMEOUT_SECONDS)
             except Exception as exc:  # noqa: BLE001 - the next owner re-reads from the last commit
                 log.info("commit on revocation did not complete: %r", exc)
             self.pipeline.drop_partitions(tps)
 
-    async def shutdown(self) -> None:
-        """Write the current batch (its offsets are then committed by faust's final
-        commit) and close the stores; nothing is delivered or reopened afterwards.
+    async def shutdown(self, consumer: Any) -> None:
+        """Write the current batch, commit its offsets and close the stores; nothing is
+        delivered or reopened afterwards. The commit waits at most
+        :data:`COMMIT_TIMEOUT_SECONDS` (faust's final commit tries again later).
         Unflushed thinking tails stay held: their messages are not committed, so the
         next start replays them."""
         async with self.lock:
@@ -284,6 +299,15 @@ class IngestWorker:
             for store in self._stores:
                 await store.close()
             self._stores = []
+            # Committed here, under the lock, so that a rebalance during the stop cannot
+            # drop these partitions from the ledger before their watermark is committed.
+            marks = {str(tp): self.ledger.watermark(tp) for tp in self.ledger.partitions()}
+            try:
+                await asyncio.wait_for(commit_now(consumer), timeout=COMMIT_TIMEOUT_SECONDS)
+            except Exception as exc:  # noqa: BLE001 - the next owner re-reads from the last commit
+                log.warning("commit on shutdown did not complete (%r); watermarks were %s", exc, marks)
+            else:
+                log.info("shutdown: batch written, watermarks %s committed", marks)
 
 
 class StepstreamApp(faust.App):
@@ -295,6 +319,15 @@ class StepstreamApp(faust.App):
     async def on_first_start(self) -> None:
         await super().on_first_start()
         await self.stepstream.start()
+
+    def _on_rebalance_when_stopped(self) -> None:
+        # faust closes the aiokafka consumer here when a rebalance reaches a stopping app,
+        # by running the consumer's coroutines on the main loop although they belong to
+        # the consumer thread's loop; a worker SIGTERMed while it was joining the group
+        # then hung for good once its join completed (partitions assigned, no LeaveGroup,
+        # no exit). The consumer thread's own stop closes the consumer on its own loop
+        # and leaves the group: nothing is needed here.
+        log.info("a rebalance reached the stopping worker; the consumer thread's stop leaves the group")
 
 
 def create_app(settings: Settings, metrics: Metrics | None = None) -> faust.App:
@@ -354,9 +387,13 @@ def create_app(settings: Settings, metrics: Metrics | None = None) -> faust.App:
     async def on_revoked(app: faust.App, revoked: set, **kwargs: Any) -> None:
         await worker.revoked(app.consumer, revoked)
 
+    deadline = StopDeadline(settings.stop_grace_seconds, lambda: _still_stopping(app))
+
     @app.on_before_shutdown.connect
     async def on_shutdown(app: faust.App, **kwargs: Any) -> None:
-        await worker.shutdown()
+        await worker.shutdown(app.consumer)
+        # What faust does from here (leave the group, stop the web server) is bounded.
+        deadline.arm()
 
     @app.on_partitions_assigned.connect
     async def on_assigned(app: faust.App, assigned: set, **kwargs: Any) -> None:
@@ -384,6 +421,16 @@ def create_app(settings: Settings, metrics: Metrics | None = None) -> faust.App:
         return web.json({"ok": True, "time": time.time()})
 
     return app
+
+
+def _still_stopping(app: faust.App) -> str:
+    what = stopping_services(app)
+    if app.rebalancing:
+        what.append("a rebalance of the group is in progress (the consumer waits for it before leaving)")
+    threads = waiting_threads()
+    if threads:
+        what.append(f"threads {', '.join(threads)}")
+    return ", ".join(what) or "nothing faust reports"
 
 
 async def ensure_topics(settings: Settings) -> None:

@@ -45,6 +45,8 @@ FAUST_INTERNALS: tuple[tuple[str, str], ...] = (
     ("faust.app.base.App.consumer_generation_id", "read: drop records fetched before a rebalance"),
     ("faust.app.base.App._on_partitions_revoked", "relied on: stop_flow() before the revoked signal"),
     ("faust.app.base.App.on_stop", "relied on: fetcher stopped, then on_before_shutdown, then consumer commit"),
+    ("faust.app.base.App._on_rebalance_when_stopped", "replaced (ingest.app.StepstreamApp): it closed the "
+     "consumer from the wrong event loop"),
 )
 
 Records = dict[Any, list[Any]]
