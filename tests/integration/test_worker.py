@@ -109,6 +109,14 @@ async def test_second_worker_joins_and_leaves(scenario, corpus, golden):
     await scenario.produce(events[:third])
     second = scenario.start_worker(name="b")
     await asyncio.to_thread(second.wait_web)
+    # The second third only once the group has rebalanced onto both (a fast first
+    # worker could otherwise finish it before the second has partitions).
+    for _ in range(240):
+        if second.ready_status()[0] == 200 and first.ready_status()[0] == 200:
+            break
+        await asyncio.sleep(0.25)
+    else:
+        raise AssertionError(f"the group never settled on both workers: {second.ready()} {first.ready()}")
     await scenario.produce(events[third : 2 * third])
     # Let the group rebalance onto both workers and both process.
     for _ in range(120):
