@@ -30,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -47,7 +46,7 @@ from stepstream.errors import WireError
 from stepstream.ingest.consumer import BatchConsumer, BatchTransport, Records
 from stepstream.ingest.lag import LagPoller
 from stepstream.ingest.ledger import Ledger
-from stepstream.ingest.stopping import StopDeadline, stopping_services, waiting_threads
+from stepstream.ingest.stopping import StopDeadline, flush_logs, stopping_services, waiting_threads
 from stepstream.metrics import Metrics
 from stepstream.pipeline import NotLoaded, Pipeline, StoreFailed
 from stepstream.sinks import open_deep_store, open_step_store
@@ -63,12 +62,7 @@ def die(reason: str, exc: BaseException | None = None) -> None:
     """Stop the process now, non-zero. Nothing past the durable watermark was
     committed, so a restart re-reads from there; exiting is the rewind."""
     log.critical("stopping: %s%s", reason, f" ({exc})" if exc is not None else "")
-    for handler in logging.getLogger().handlers:
-        try:
-            handler.flush()
-        except Exception:  # noqa: BLE001 - best effort on the way out
-            pass
-    sys.stderr.flush()
+    flush_logs()
     os._exit(EXIT_STORE_FAILED)
 
 

@@ -57,13 +57,18 @@ class StopDeadline:
             self.seconds,
             what,
         )
-        for handler in logging.getLogger().handlers:
-            try:
-                handler.flush()
-            except Exception:  # noqa: BLE001 - best effort on the way out
-                pass
-        sys.stderr.flush()
+        flush_logs()
         self._exit(0)
+
+
+def flush_logs() -> None:
+    """Flush every root log handler and stderr, on the way out of ``os._exit``."""
+    for handler in logging.getLogger().handlers:
+        try:
+            handler.flush()
+        except Exception:  # noqa: BLE001 - best effort on the way out
+            pass
+    sys.stderr.flush()
 
 
 def stopping_services(root: object) -> list[str]:

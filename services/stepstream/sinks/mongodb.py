@@ -316,11 +316,7 @@ class _Connection:
             else:
                 await self[collection].insert_many(docs, ordered=False)
         except BulkWriteError as exc:
-            details = exc.details
-            errors = details.get("writeErrors", [])
-            if details.get("writeConcernErrors") or any(e.get("code") != DUPLICATE_KEY for e in errors):
-                raise
-            return sorted(e["index"] for e in errors)
+            return _collided(exc)
         return []
 
     async def upsert(self, collection: str, writes: list[tuple[dict[str, Any] | None, Any]]) -> None:
@@ -366,11 +362,7 @@ class _Connection:
                     [ReplaceOne(where, doc, upsert=True) for where, doc in replaces], ordered=False
                 )
             except BulkWriteError as exc:
-                details = exc.details
-                errors = details.get("writeErrors", [])
-                if details.get("writeConcernErrors") or any(e.get("code") != DUPLICATE_KEY for e in errors):
-                    raise
-                return sorted(e["index"] for e in errors)
+                return _collided(exc)
             return []
         refused = []
         async with self._bulk_lock:
@@ -405,6 +397,16 @@ DEEP_INDEXES = {
     ],
     "deep_runs": [(_KEY2, {"unique": True, "name": "key"})],
 }
+
+
+def _collided(exc: BulkWriteError) -> list[int]:
+    """The indexes of an unordered bulk's operations that collided on ``_id``; the
+    error itself again when anything else failed (another error, a write concern)."""
+    details = exc.details
+    errors = details.get("writeErrors", [])
+    if details.get("writeConcernErrors") or any(e.get("code") != DUPLICATE_KEY for e in errors):
+        raise exc
+    return sorted(e["index"] for e in errors)
 
 
 def row_id(company_id: str, run_id: str, step_seq: int | None = None) -> str:
