@@ -148,7 +148,7 @@ class IngestWorker:
                 # The durable states of every run of the fetch, in one wait (not one per partition).
                 await pipeline.load(
                     (item[0].company_id, item[0].run_id)
-                    for _, items in fetched.values()
+                    for items in fetched.values()
                     for item in items
                     if item[0] is not None
                 )
@@ -156,7 +156,7 @@ class IngestWorker:
                     if not batch:
                         continue
                     if tp in fetched and current(tp):
-                        await self._deliver(tp, *fetched[tp])
+                        await self._deliver(tp, fetched[tp])
                     else:
                         skipped = True
             except StoreFailed as exc:
@@ -165,9 +165,10 @@ class IngestWorker:
                 pipeline.unstage()  # states loaded for partitions not delivered are not kept
         return skipped
 
-    def _decode(self, tp: Any, records: list[Any]) -> tuple[list[Any], list[tuple[Any, Any, str, str]]]:
-        """The partition's records not delivered yet, each decoded: ``(event, record, "", "")``
-        or, for a record to dead-letter, ``(None, record, reason, detail)``. No side effects."""
+    def _decode(self, tp: Any, records: list[Any]) -> list[tuple[Any, Any, str, str]]:
+        """The partition's records not delivered yet, in order, each decoded: ``(event,
+        record, "", "")`` or, for a record to dead-letter, ``(None, record, reason,
+        detail)``. No side effects."""
         expected = self.ledger.next_offset(tp)
         if expected is not None and records[0].offset < expected:
             records = [r for r in records if r.offset >= expected]  # re-fetched after a seek
@@ -183,22 +184,23 @@ class IngestWorker:
                 items.append((None, record, "bad_key", "the Kafka key is not {company_id}/{run_id} of the event"))
                 continue
             items.append((event, record, "", ""))
-        return records, items
+        return items
 
-    async def _deliver(self, tp: Any, records: list[Any], items: list[tuple[Any, Any, str, str]]) -> None:
-        if not records:
+    async def _deliver(self, tp: Any, items: list[tuple[Any, Any, str, str]]) -> None:
+        if not items:
             return
         pipeline = self.pipeline
         assert pipeline is not None
         ledger = self.ledger
-        ledger.delivered(tp, records[0].offset, records[-1].offset)
+        end = items[-1][1].offset
+        ledger.delivered(tp, items[0][1].offset, end)
         good: list[tuple[Any, Any]] = []
         for event, record, reason, detail in items:
             if event is None:
                 await self._dead_letter(record, reason, detail)
             else:
                 good.append((event, record))
-        self.processed += len(records)
+        self.processed += len(items)
         if not good:
             return
         last = len(good) - 1
@@ -224,7 +226,7 @@ class IngestWorker:
                 await pipeline.flush(wait=False)
                 if i < last:
                     # What follows in this fetch is not in any batch yet: open the next one at it.
-                    ledger.delivered(tp, good[i + 1][1].offset, records[-1].offset)
+                    ledger.delivered(tp, good[i + 1][1].offset, end)
 
     async def _dead_letter(self, record: Any, reason: str, detail: str) -> None:
         detail = scrub(detail, DETAIL_CHARS)  # names the field and the reason; never a credential

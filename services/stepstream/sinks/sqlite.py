@@ -327,10 +327,6 @@ def _write_rows(
         raise unstorable("sqlite", table, exc) from None
 
 
-def _probe(path: str) -> None:
-    sqlite3.connect(path).close()
-
-
 class _Database:
     """A writer connection in a child process (``sinks.sqlite_writer``), running each
     transaction whole, and an aiosqlite reader connection in this process."""
@@ -349,11 +345,8 @@ class _Database:
 
     async def open(self, schema: str) -> None:
         """Open the file; ``schema`` names the tables to make: ``steps`` or ``deep``."""
-        try:
-            # A file that cannot be opened fails here, before any process or thread starts.
-            await asyncio.to_thread(_probe, self.path)
-        except sqlite3.Error as exc:
-            raise _error(exc, f"open {self.path}") from exc
+        # The writer process opens the file first: one that cannot be opened is the
+        # SinkError it reports, before aiosqlite starts a reader thread.
         writer = WriterProcess(self.path, self.synchronous, self.busy_timeout_ms, schema)
         await writer.start()
         self._writer = writer
