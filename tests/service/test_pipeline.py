@@ -26,7 +26,7 @@ from stepstream.core.wire import (
 )
 from stepstream.emitter.corpus import generate_events
 from stepstream.errors import SinkError, SinkUnavailable
-from stepstream.ingest.ledger import Ledger
+from stepstream.pipeline.ledger import Ledger
 from stepstream.pipeline import Pipeline, StoreFailed
 from stepstream.sinks.memory import MemoryDeepStore, MemoryStepStore
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stepstream.ingest.ledger import Ledger
+from stepstream.pipeline.ledger import Ledger
 
 TPS = ("p0", "p1")
 RUNS = ("a", "b", "c")

@@ -8,16 +8,15 @@ from __future__ import annotations
 import re
 import threading
 import uuid
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any, Protocol
 
 import msgspec
 
 from stepstream.core.timefmt import format_ts
 
-if TYPE_CHECKING:
-    from stepstream.emitter.tracer import Tracer
-
-__all__ = ["Run", "failure_of"]
+__all__ = ["Run", "Sender", "failure_of"]
 
 _COMPANY_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
 _RUN_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
@@ -31,13 +30,21 @@ def failure_of(exc: BaseException) -> dict[str, str]:
     return {"type": type(exc).__name__, "message": message[:_FAILURE_MESSAGE_CHARS]}
 
 
+class Sender(Protocol):
+    """What a run needs of its tracer: its clock and its queue (``Tracer`` is one)."""
+
+    _clock: Callable[[], datetime]
+
+    def enqueue(self, key: bytes, value: bytes) -> bool: ...
+
+
 class Run:
     """One agent run: each method sends one event and returns its ``event_id``
     (usable as another event's ``parent_id``). Thread-safe."""
 
     def __init__(
         self,
-        tracer: Tracer,
+        tracer: Sender,
         company_id: str,
         run_id: str,
         *,

@@ -9,7 +9,7 @@ Design (docs/worker.md has the long form):
   (``seq_jump``, ``unfoldable``) goes to the dead-letter topic with its original key,
   value and headers plus headers naming the reason and the source; the broker's
   acknowledgement of the copy is awaited before the batch carrying it is durable.
-* Commits come from the :class:`~stepstream.ingest.ledger.Ledger`: per partition, the
+* Commits come from the :class:`~stepstream.pipeline.ledger.Ledger`: per partition, the
   offset after the longest prefix whose effects are durable.
 * Store faults follow :mod:`stepstream.pipeline.writer`: retried in place (``/ready``
   503 meanwhile), or the process exits non-zero (:data:`EXIT_STORE_FAILED`) so Kafka
@@ -45,7 +45,7 @@ from stepstream.core.wire import decode_event
 from stepstream.errors import WireError
 from stepstream.ingest.consumer import BatchConsumer, BatchTransport, Records
 from stepstream.ingest.lag import LagPoller
-from stepstream.ingest.ledger import Ledger
+from stepstream.pipeline.ledger import Ledger
 from stepstream.ingest.stopping import StopDeadline, flush_logs, stopping_services, waiting_threads
 from stepstream.metrics import Metrics
 from stepstream.pipeline import NotLoaded, Pipeline, StoreFailed

@@ -6,7 +6,7 @@ loop and the final commit on stop, the web server and the worker lifecycle. What
 is the per-message path (a ``ConsumerMessage``, an ``Event``, a task and an ack per
 message, about 100 us of CPU each): :meth:`BatchConsumer._drain_messages` takes the
 ``{TP: [records]}`` that ``_wait_next_records`` fetched and hands them to a batch
-handler, and faust's commit loop asks the worker's :class:`~stepstream.ingest.ledger.Ledger`
+handler, and faust's commit loop asks the worker's :class:`~stepstream.pipeline.ledger.Ledger`
 what to commit (``_new_offset`` returns the partition's durable watermark).
 
 This leans on private names of faust-streaming 0.15.3 (the exact pin); every one of
@@ -22,7 +22,7 @@ from typing import Any, Optional
 
 from faust.transport.drivers import aiokafka as faust_aiokafka
 
-from stepstream.ingest.ledger import Ledger
+from stepstream.pipeline.ledger import Ledger
 
 #: ``(qualified name, what we use it for)``: the faust internals this module relies on.
 FAUST_INTERNALS: tuple[tuple[str, str], ...] = (
