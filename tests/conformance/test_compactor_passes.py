@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from datetime import datetime, timezone
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from stepstream.compactor.passes import Compactor
@@ -159,6 +160,66 @@ async def test_abandoned_runs_get_one_close_each(stores, clock: Clock) -> None:
     assert close.ts.timestamp() == clock.now
     assert wire.decode_event(wire.encode_event(close)) == close  # it is a valid wire event
     assert (await compactor.run_pass()).runs_abandoned == 0  # published once per run state
+
+
+async def test_an_abandoned_run_with_late_events_gets_the_close_its_fold_takes(stores, clock: Clock) -> None:
+    """The close names the agent seq the fold resumes at (one helper for both): a run
+    that ever had a late event is closed, not left running with an ignored close."""
+    from stepstream.core.fold import RunFold
+
+    steps, deep = stores
+    script = [(0, "run_start", {"agent_name": "bot"}), (2, "state_change", {"key": "k", "value": 2}),
+              (1, "state_change", {"key": "k", "value": 1})]  # seq 1 arrives late, filling the gap  # fmt: skip
+    fold = RunFold("acme", "late")
+    outputs = []
+    for seq, kind, payload in script:
+        event = wire.decode_event(msgspec.json.encode({
+            "v": 1, "event_id": f"e{seq}", "company_id": "acme", "run_id": "late", "seq": seq,
+            "ts": text(clock.now), "type": kind, "payload": payload}))  # fmt: skip
+        outputs.append(fold.push(event, 0.0))
+    last = outputs[-1]
+    assert last is not None and last.late and last.state is not None and last.state.run is not None
+    assert (last.state.last_seq, last.state.run.late_events) == (3, 1)
+    await deep.write([deep_row("late", clock.now)])
+    run = msgspec.structs.replace(last.state.run, last_event_at=text(clock.now))
+    await steps.write([s for out in outputs if out for s in out.steps], [run], [last.state])
+    recorder = Recorder()
+    compactor = Compactor(steps, deep, RetentionPolicy(CompanyPolicy(abandon_after_seconds=60)), clock=clock,
+                          publisher=recorder)  # fmt: skip
+    clock.now += 120
+    assert (await compactor.run_pass()).runs_abandoned == 1
+    (close,) = recorder.events
+    assert close.seq == 2  # the last agent seq applied, not last_seq - closes (3)
+    (stored,) = (await steps.load_states("acme", ["late"])).values()
+    resumed = RunFold("acme", "late", stored)
+    closed = resumed.push(close, 1.0)
+    assert closed is not None and closed.run is not None and closed.run.status == "abandoned"
+    assert resumed.stale == 0
+
+
+async def test_the_memory_of_published_closes_is_bounded_by_the_idle_runs(stores, clock: Clock) -> None:
+    steps, deep = stores
+    for i in range(5):
+        await add_run(steps, deep, "acme", f"idle-{i}", clock.now, status="running", last_seq=3)
+    compactor = Compactor(steps, deep, RetentionPolicy(CompanyPolicy(abandon_after_seconds=60)), clock=clock,
+                          publisher=Recorder())  # fmt: skip
+    clock.now += 120
+    assert (await compactor.run_pass()).runs_abandoned == 5
+    assert compactor.closes_in_flight == 5
+    # The worker folds the closes: the runs are abandoned, no longer idle and running.
+    from stepstream.core.records import RunRecord
+
+    for i in range(5):
+        await steps.write([], [RunRecord(company_id="acme", run_id=f"idle-{i}", status="abandoned")],
+                          [state(f"idle-{i}", "acme", last_seq=4, closes=1)])  # fmt: skip
+    assert (await compactor.run_pass()).runs_abandoned == 0
+    assert compactor.closes_in_flight == 0
+
+
+def deep_row(run_id: str, when: float):
+    from stepstream.core.records import DeepRecord
+
+    return DeepRecord(company_id="acme", run_id=run_id, step_seq=0, kind="tool", ts=text(when), output='"x"')
 
 
 FAULTS = [

@@ -14,7 +14,8 @@ Per company, in this order (each stage is its own unit of failure):
 2. **abandon**: every ``running`` run idle for ``abandon_after_seconds`` gets a
    ``run_close`` on the raw topic under its key (``seq``: its last applied agent
    ``seq``, from its stored state); the worker folds it like any other event.
-   A close is published once per run state per process.
+   A close is published once per run state per process (remembered only while the
+   run stays idle and running, so the memory of it is bounded by the idle runs).
 3. **expire** (step TTL, off by default): runs idle for ``step_ttl_seconds`` lose
    their bodies (``purge_run``), then their steps, run record and state
    (``delete_runs``).
@@ -112,7 +113,15 @@ class Compactor:
         self.stopping = False
         self.passes = 0
         self.last_success: float | None = None
-        self._closed: set[tuple[str, str, int]] = set()  # (company, run, state last_seq) closed
+        # Per company, the (run, stored last_seq) a close was published for: kept only
+        # while that run is still idle and running, so it holds at most the runs whose
+        # close is in flight (a folded close makes the run ``abandoned``).
+        self._closed: dict[str, set[tuple[str, int]]] = {}
+
+    @property
+    def closes_in_flight(self) -> int:
+        """Runs a close was published for that are still idle and running (bounded by them)."""
+        return sum(len(runs) for runs in self._closed.values())
 
     def stop(self) -> None:
         """Stop after the stage in progress."""
@@ -127,6 +136,8 @@ class Compactor:
         except SinkError as exc:
             self._failed(report, "list", "*", exc)
             companies = []
+        for gone in self._closed.keys() - set(companies):
+            del self._closed[gone]
         for company in companies:
             if self.stopping:
                 report.stopped = True
@@ -203,28 +214,34 @@ class Compactor:
     async def _abandon(self, company: str, now: float, index: list[DeepRun], report: PassReport) -> None:
         seconds = self.policy.for_company(company).abandon_after_seconds
         if seconds <= 0 or self.publisher is None:
+            self._closed.pop(company, None)
             return
         entries = {r.run_id: r for r in index}
         idle = [
             r for r in await self._runs(company) if r.status == "running" and is_idle(r, entries.get(r.run_id), seconds, now)
         ]
         if not idle:
+            self._closed.pop(company, None)
             return
         states = await self.steps.load_states(company, [r.run_id for r in idle])
+        published = self._closed.get(company, set())
+        closed = self._closed[company] = {
+            (run_id, last_seq) for run_id, last_seq in published if (state := states.get(run_id)) and state.last_seq == last_seq
+        }
         for run in idle:
             state = states.get(run.run_id)
             if state is None:
                 continue  # nothing durable yet: its events are still on their way
-            key = (company, run.run_id, state.last_seq)
-            agent_seq = state.last_seq - state.closes
-            if key in self._closed or agent_seq < 0:
+            key = (run.run_id, state.last_seq)
+            agent_seq = state.agent_seq
+            if key in closed or agent_seq < 0:
                 continue
             event = close_event(company, run.run_id, agent_seq, state.closes, now, seconds)
             try:
                 await self.publisher.publish(event)
             except Exception as exc:  # noqa: BLE001 - a broker error ends the stage, counted
                 raise _StageFailed(f"publishing a run_close failed: {type(exc).__name__}") from exc
-            self._closed.add(key)
+            closed.add(key)
             report.runs_abandoned += 1
             self.metrics.runs_abandoned.inc()
             log.info("compactor: %s/%s: no activity for %ds, published run_close", company, run.run_id, int(seconds))

@@ -193,8 +193,7 @@ class RunFold:
         elif (state.company_id, state.run_id) != (company_id, run_id):
             raise ValueError(f"state of {state.company_id}/{state.run_id} given to {company_id}/{run_id}")
         self._closes = state.closes
-        lates = 0 if state.run is None else state.run.late_events
-        self._last_seq = state.last_seq - state.closes - lates  # the last agent seq applied
+        self._last_seq = state.agent_seq  # the last agent seq applied
         self._next = state.next_ordinal
         self._open: dict[str, int] | None = dict(state.open_calls) if state.open_calls else None
         self._th_ord = state.thinking_ordinal

@@ -158,3 +158,11 @@ class RunState(msgspec.Struct, kw_only=True):
     # state forward, so ``last_seq`` is the last agent seq applied plus ``closes``
     # (plus ``run.late_events``, for the same reason).
     closes: int = 0
+
+    @property
+    def agent_seq(self) -> int:
+        """The last agent ``seq`` applied: ``last_seq - closes - run.late_events``. The one
+        definition, read by the fold (where it resumes) and the compactor (the ``seq`` its
+        ``run_close`` names, which the fold takes only when it equals this)."""
+        lates = 0 if self.run is None else self.run.late_events
+        return self.last_seq - self.closes - lates
