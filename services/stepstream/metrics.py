@@ -84,6 +84,12 @@ class Metrics:
             "Events applied late: their seq filled a gap their run had skipped (duplicates are not counted here).",
             registry=r,
         )
+        self.failures_coerced = Counter(
+            "stepstream_run_failures_coerced",
+            "run_end failures not in the contract's shape, kept as what they say, by shape (missing, untyped, malformed).",
+            ["shape"],
+            registry=r,
+        )
 
         # The compactor. runs_pruned above counts runs whose bodies it dropped.
         self.compactor_passes = Counter(

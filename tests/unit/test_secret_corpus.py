@@ -9,6 +9,7 @@ import logging
 import sys
 from collections import Counter
 
+import msgspec
 import pytest
 from fold_support import Script, fold_all
 from secret_corpus import innocent_cases, secret_cases, strings_of
@@ -86,12 +87,13 @@ def _bad_message(text: str, where: str) -> bytes:
         event["seq"] = text
     elif where == "ts":
         event["ts"] = text
-    elif where == "failure":
-        event["payload"] = {"status": "failed", "failure": [text]}
+    elif where == "call_id":
+        event["type"] = "tool_call"
+        event["payload"] = {"call_id": [text], "tool": "t", "arguments": {}}
     return json.dumps(event).encode()
 
 
-@pytest.mark.parametrize("where", ["type", "status", "version", "seq", "ts", "failure"])
+@pytest.mark.parametrize("where", ["type", "status", "version", "seq", "ts", "call_id"])
 def test_decode_errors_name_the_field_never_the_value(where):
     for case in SECRETS:
         with pytest.raises(WireError) as info:
@@ -101,6 +103,15 @@ def test_decode_errors_name_the_field_never_the_value(where):
         assert "at `$." in detail  # the field is named
         # What the worker puts in the stepstream-detail header and its warning log:
         assert case.secret not in scrub(detail, 500)
+
+
+def test_a_failure_of_any_shape_keeps_no_secret_on_the_run_record():
+    from stepstream.core.failures import coerce_failure
+
+    for case in SECRETS:
+        for failure in ([case.text], {"kind": case.text, "detail": case.text}, {"message": {"why": case.text}}):
+            record, _ = coerce_failure("failed", failure)
+            assert record is not None and case.secret not in msgspec.json.encode(record).decode(), case.kind
 
 
 def test_a_detail_or_log_line_that_quotes_a_secret_is_masked():

@@ -56,8 +56,10 @@ Contracts:
   are forgotten. In-order events never touch them. ``docs/engine.md`` has the
   table per type.
 * **Run payloads.** ``environment`` (an object, redacted by key, or a string) and
-  ``failure`` are kept structured: a string failure is the message of type
-  ``unknown``, and a ``failed`` run_end without one is recorded as type ``unknown``.
+  ``failure`` are kept structured. A run_end is never refused for the shape of its
+  failure (``core.failures``: a string is the message of type ``unknown``, a missing
+  one on a ``failed`` run_end is type ``unknown``, any other shape keeps what it says);
+  ``Output.failure_coerced`` names a coerced shape for the count.
 * **Rejection.** An event ``push`` cannot apply raises
   :class:`~stepstream.errors.WireError` before anything changes (the fold is as
   it was, so the caller dead-letters the event and goes on): ``seq_jump`` when
@@ -109,7 +111,8 @@ from stepstream.core.caps import clip, clip_chunk
 from stepstream.core.limits import Limits
 from stepstream.core.envelope import envelope
 from stepstream.core.records import DeepRecord, Failure, RunRecord, RunState, StepRecord
-from stepstream.core.redact import TEXT_CHARS, scrub
+from stepstream.core.failures import Coerced, coerce_failure
+from stepstream.core.redact import scrub
 from stepstream.core.steps import CALLS, OPENERS, RESULTS, Rows, call_key, opening_rows, result_rows, thinking_step
 from stepstream.core.timefmt import TS_MAX, TS_MIN, WINDOW, format_ts, in_window, parse_ts
 from stepstream.errors import WireError
@@ -135,11 +138,11 @@ class Output(msgspec.Struct):
     seq_gap: bool = False
     late: bool = False
     dropped: int = 0
+    failure_coerced: Coerced | None = None
 
 
 _Handler = Callable[["RunFold", Any, str, Output], None]
 _ThinkingDelta = wire.ThinkingDelta
-_NO_FAILURE = "the run_end gave no failure"
 _RunClose = wire.RunClose
 
 
@@ -545,7 +548,7 @@ class RunFold:
         p = event.payload
         run = self._run
         run.status = p.status
-        run.failure = _failure(p)
+        run.failure, out.failure_coerced = coerce_failure(p.status, p.failure)
         run.ended_at = at
         run.end_event_id = event.event_id
         self._dirty = True
@@ -657,17 +660,6 @@ class RunFold:
         awaiting[key] = ordinal
         if len(awaiting) > self.limits.late_ranges:
             del awaiting[next(iter(awaiting))]  # the oldest is forgotten
-
-
-def _failure(p: wire.RunEndPayload) -> Failure | None:
-    """The run record's failure: a string is the message of type ``unknown``; a
-    failed run with none gets type ``unknown`` (accepted, not dead-lettered)."""
-    failure = p.failure
-    if failure is None:
-        return Failure(type="unknown", message=_NO_FAILURE) if p.status == "failed" else None
-    if type(failure) is str:
-        return Failure(type="unknown", message=scrub(failure, TEXT_CHARS))
-    return Failure(type=scrub(failure.type), message=scrub(failure.message, TEXT_CHARS), step=failure.step)
 
 
 _HANDLERS: dict[type, _Handler] = {

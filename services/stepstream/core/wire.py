@@ -113,9 +113,17 @@ class FailurePayload(msgspec.Struct, omit_defaults=True):
 
 class RunEndPayload(msgspec.Struct, omit_defaults=True):
     status: Literal["completed", "failed"]
-    # Required by the contract when ``status`` is failed; a string is accepted as the
-    # message. The fold records a missing one as type ``unknown`` (core.fold).
-    failure: str | FailurePayload | None = None
+    # The contract's shape is :class:`FailurePayload` (required when ``status`` is
+    # failed; a string is accepted as the message), but a run_end is never refused for
+    # the shape of its failure: any JSON value is taken, and ``core.failures`` maps it
+    # to the run record's failure (a missing one is type ``unknown``).
+    failure: Annotated[
+        Any,
+        msgspec.Meta(
+            description="Why the run failed: {type, message, step?} (or a string, the message); any other shape is "
+            "kept as what it says (type from kind/code/name, else unknown), never refused"
+        ),
+    ] = None
 
 
 class RunClosePayload(msgspec.Struct, omit_defaults=True):
@@ -232,6 +240,7 @@ JSON_FIELDS: dict[type, tuple[str, ...]] = {
     ToolCall: ("arguments",),
     ToolResult: ("output",),
     StateChange: ("value",),
+    RunEnd: ("failure",),
 }
 
 

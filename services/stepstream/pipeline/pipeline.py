@@ -189,7 +189,9 @@ class Pipeline:
         batch = self._batch
         batch.add(out)
         m = self._metrics
-        if m is not None and (out.flushes or out.clipped or out.seq_gap or out.late or out.dropped):
+        if m is not None and (
+            out.flushes or out.clipped or out.seq_gap or out.late or out.dropped or out.failure_coerced
+        ):
             for trigger in out.flushes:
                 m.thinking_flushes.labels(trigger).inc()
             for field in out.clipped:
@@ -200,6 +202,8 @@ class Pipeline:
                 m.late_events.inc()
             if out.dropped:
                 m.steps_dropped.inc(out.dropped)
+            if out.failure_coerced:
+                m.failures_coerced.labels(out.failure_coerced).inc()
         if out.state is None:
             # Buffered in the fold's tail: durable only when the tail is flushed.
             self.folds.tails.add(key)
