@@ -63,6 +63,9 @@ def stream() -> list[wire.Event]:
     events.append(event("tool_result", "bodies", 1, call_id="c", output="x" * 70_000))
     events += [event("thinking_delta", "bodies", 2 + i, text="y" * 1000) for i in range(5)]
     events.append(event("run_end", "bodies", 7, status="completed"))
+    # A failure without a type (a common agent shape): kept, counted as coerced.
+    events.append(event("run_start", "untyped", 0, agent_name="a"))
+    events.append(event("run_end", "untyped", 1, status="failed", failure={"message": "boom", "kind": "ToolError"}))
     return events
 
 
@@ -115,6 +118,7 @@ async def test_every_metric_moves_on_the_metrics_page(kafka_bootstrap, tmp_path)
         "stepstream_late_events": total(found, "stepstream_late_events_total") == 1,
         "stepstream_seq_gaps": total(found, "stepstream_seq_gaps_total") == 1,
         "stepstream_steps_dropped": total(found, "stepstream_steps_dropped_total") == 5,
+        "stepstream_run_failures_coerced": total(found, "stepstream_run_failures_coerced_total", shape="untyped") == 1,
         "stepstream_dead_letters": total(found, "stepstream_dead_letters_total", reason="not_json") == 1,
         "stepstream_clipped_bodies": total(found, "stepstream_clipped_bodies_total", field="output") == 1,
         "stepstream_thinking_flushes": total(found, "stepstream_thinking_flushes_total", trigger="size") >= 1

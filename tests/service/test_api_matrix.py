@@ -203,6 +203,18 @@ async def test_bad_paging_parameters_are_400_problems(api, query):
     assert str(query.get("before", "\x00")) not in response.text  # never quotes the rejected value
 
 
+async def test_an_id_with_a_trailing_newline_is_a_400(api):
+    """Path ids are matched whole, like the wire's (``$`` alone matches before a final
+    newline). A company with one is not the token's: the guard's 404, as for any other."""
+    http, tokens, steps, deep = api
+    headers = bearer(tokens[(A, "all")])
+    response = await http.get(f"/v1/companies/{A}/runs/{RUN}%0A", headers=headers)
+    assert response.status_code == 400
+    assert response.json()["type"] == "urn:stepstream:problem:bad-request"
+    other = await http.get(f"/v1/companies/{A}%0A/runs/{RUN}", headers=headers)
+    assert other.status_code == 404
+
+
 async def test_unknown_route_and_method_are_problems(api):
     http, tokens, steps, deep = api
     nowhere = await http.get("/v2/nothing")

@@ -53,6 +53,7 @@ def test_registry_authenticates_and_rereads_on_change(tmp_path):
         lambda t: t[:-1] + ("A" if t[-1] != "A" else "B"),  # wrong secret
         lambda t: t.replace("sst_", "sst-"),
         lambda t: t + "x",
+        lambda t: t + "\n",  # ``$`` alone would match before it
         lambda t: "",
         lambda t: t.split("_")[1],  # the id alone
         lambda t: "sst_" + "f" * 12 + "_" + t.rsplit("_", 1)[1],  # right secret, other id
@@ -74,7 +75,10 @@ def test_a_corrupt_file_fails_closed(tmp_path):
         registry.authenticate(token)
 
 
-@pytest.mark.parametrize("company, scopes", [("bad company", ["steps:read"]), ("acme", []), ("acme", ["admin"])])
+@pytest.mark.parametrize(
+    "company, scopes",
+    [("bad company", ["steps:read"]), ("acme\n", ["steps:read"]), ("acme", []), ("acme", ["admin"])],
+)
 def test_add_refuses_bad_company_or_scopes(tmp_path, company, scopes):
     with pytest.raises(ConfigError):
         add_token(tmp_path / "t.json", company, scopes, created=NOW)

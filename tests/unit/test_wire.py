@@ -250,3 +250,29 @@ def test_round_trip_preserves_the_event(args, seq, run_id):
     event = wire.decode_event(json.dumps(_good(seq=seq, run_id=run_id, payload={"call_id": "c", "tool": "t", "arguments": args})).encode())
     assert wire.decode_event(wire.encode_event(event)) == event
     assert msgspec.json.decode(wire.encode_event(event))["payload"]["arguments"] == args
+
+
+_IDS = {"company_id": st.from_regex(r"[A-Za-z0-9._-]{1,64}", fullmatch=True),
+        "run_id": st.from_regex(r"[A-Za-z0-9._:-]{1,128}", fullmatch=True)}  # fmt: skip
+
+
+def _wire_schema_validator():
+    import jsonschema
+
+    schema = json.loads((ROOT / "schemas" / "wire-v1.schema.json").read_text())
+    return jsonschema.Draft202012Validator(schema)
+
+
+@settings(max_examples=100, deadline=None)
+@given(field=st.sampled_from(sorted(_IDS)), data=st.data(), tail=st.sampled_from(["\n", "\r\n", "\n\n", " "]))
+def test_an_id_with_a_trailing_newline_is_refused_by_the_worker_and_the_schema(field, data, tail):
+    """The patterns are matched whole: ``$`` in Python's ``re`` also matches before a
+    final newline, so ``acme\\n`` passed the worker while the contract refused it."""
+    good = data.draw(_IDS[field])
+    event = _good(**{field: good})
+    assert wire.decode_event(json.dumps(event).encode()).__getattribute__(field) == good
+    bad = _good(**{field: good + tail})
+    assert _reason(json.dumps(bad).encode()) == "bad_id"
+    validator = _wire_schema_validator()
+    assert validator.is_valid(event)
+    assert not validator.is_valid(bad)  # Python's jsonschema searches too: the schema's pattern is whole

@@ -15,7 +15,7 @@ from litestar.params import Parameter
 
 from stepstream.api.problems import GUARDED, NOT_FOUND, ProblemError, problem, problem_responses
 from stepstream.api.views import RunDetail, RunsPage, run_view, step_view
-from stepstream.core.wire import CompanyId, RunId
+from stepstream.core.wire import END, CompanyId, RunId
 from stepstream.sinks.ports import InvalidCursor, StepStore
 
 MAX_LIMIT = 200
@@ -45,7 +45,7 @@ def steps_router(store: StepStore, guards: list[object]) -> Router:
             str | None,
             Parameter(
                 max_length=CURSOR_MAX_CHARS,
-                pattern=r"^[A-Za-z0-9_-]+$",
+                pattern=r"^[A-Za-z0-9_-]+" + END,
                 description="The next_cursor of the previous page (opaque; one the API did not make is a 400)",
             ),
         ] = None,

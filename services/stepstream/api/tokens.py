@@ -155,7 +155,7 @@ def _locked(path: Path) -> Iterator[None]:
 def add_token(path: Path, company: str, scopes: list[str], *, created: str) -> tuple[str, TokenEntry]:
     """Create a token for ``company`` with ``scopes``; returns ``(token, entry)``.
     The token exists only in the return value: the file keeps its digest."""
-    if not _COMPANY.match(company):
+    if not _COMPANY.fullmatch(company):
         raise ConfigError("company must match [A-Za-z0-9._-]{1,64}")
     unknown = sorted(set(scopes) - set(SCOPES))
     if unknown or not scopes:
@@ -242,7 +242,7 @@ class TokenRegistry:
         """The principal of a valid, unrevoked token; ``None`` otherwise.
         Raises :class:`TokensUnavailable` when the file is unreadable."""
         self._refresh()
-        match = _TOKEN.match(token)
+        match = _TOKEN.fullmatch(token)
         token_id, secret = match.groups() if match else ("", "x" * 43)
         salt, digest, principal = self._by_id.get(token_id, (_DUMMY_SALT, _DUMMY_DIGEST, None))
         same = hmac.compare_digest(_digest(salt, secret), digest)

@@ -38,8 +38,15 @@ MAX_TOKENS = 10**12
 MAX_NESTING = 100
 
 EventId = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
-CompanyId = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9._-]{1,64}$")]
-RunId = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9._:-]{1,128}$")]
+# The end of the text. Not ``$``: in Python's ``re`` (so in msgspec, Litestar and
+# Python's JSON Schema validators, which all ``search``) it also matches before a final
+# newline, and ``acme\n`` would pass. A negative look-ahead is the end in every regex
+# dialect a JSON Schema reader uses (ECMA 262 included). Patterns are matched whole.
+END = r"(?![\s\S])"
+COMPANY_ID_PATTERN = r"^[A-Za-z0-9._-]{1,64}" + END
+RUN_ID_PATTERN = r"^[A-Za-z0-9._:-]{1,128}" + END
+CompanyId = Annotated[str, msgspec.Meta(pattern=COMPANY_ID_PATTERN)]
+RunId = Annotated[str, msgspec.Meta(pattern=RUN_ID_PATTERN)]
 Seq = Annotated[int, msgspec.Meta(ge=0, le=MAX_SEQ)]
 TokenCount = Annotated[int, msgspec.Meta(ge=0, le=MAX_TOKENS)]
 # RFC 3339 with an explicit offset; normalised to UTC by the engine. The window
