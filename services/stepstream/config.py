@@ -101,6 +101,8 @@ def load_settings(overrides: Mapping[str, object] | None = None, environ: Mappin
         raise ConfigError(f"bad setting: {exc}") from None
     if settings.partitions < 1 or settings.replication_factor < 1:
         raise ConfigError("bad setting: partitions and replication_factor must be at least 1")
+    if settings.batch_bytes < 1:
+        raise ConfigError("bad setting: batch_bytes must be at least 1")
     return msgspec.structs.replace(settings, broker=normalize_broker(settings.broker))
 
 

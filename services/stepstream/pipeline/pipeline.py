@@ -140,7 +140,8 @@ class Pipeline:
             self._take(key, out, tp, offset, now, event.ts.timestamp(), tag == "thinking_delta")
             if tag == "run_end":
                 batch.ended.append(key)
-        return self._full(batch)
+        # The common case (neither bound reached) without a call.
+        return (len(batch) >= self._batch_records or batch.message_bytes >= self._batch_bytes) and self._full(batch)
 
     def _full(self, batch: RowBatch) -> bool:
         """Group commit: a batch of ``batch_records`` is written once the store is free;
