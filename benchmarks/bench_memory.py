@@ -72,7 +72,7 @@ class Plan(msgspec.Struct, frozen=True):
     timeout: float
 
 
-FULL = Plan(runs=40, cycles=20, timeout=600.0)  # 8,880 events, 231 MiB of messages
+FULL = Plan(runs=64, cycles=20, timeout=900.0)  # 14,208 events, 370 MiB of messages
 QUICK = Plan(runs=16, cycles=16, timeout=300.0)  # 2,848 events, 74 MiB
 
 
