@@ -542,7 +542,8 @@ def _cap_sized_run(limits: Limits, cycles: int) -> list:
 
 async def test_a_batch_of_cap_sized_bodies_seals_by_bytes_even_while_a_write_is_in_flight():
     """Rows are not the measure of a batch's memory: at their caps 40 cycles of bodies
-    are 1,600 rows, far under ``batch_records``, yet 6.6 MB. Every batch is full once
+    are 442 events and fewer than 1,000 records and rows, far under ``batch_records``,
+    yet 6.9 MB of messages. Every batch is full once
     the messages it settles reach ``batch_bytes`` (at most the one message that crossed
     it more), and group commit, which grows a batch while a write is in flight, grows
     it in rows only: the bound holds while the store is busy too. The records equal
