@@ -16,7 +16,8 @@ its descendants (the SQLite writer processes), each its own ``VmHWM`` from
 ``/proc`` (so at least the peak of their sum), beside the largest sum of ``VmRSS``
 sampled every 50 ms. PASS when the peak is under 1 GiB (docs/worker.md, "Memory").
 
-``--unbounded`` also runs the same backlog with ``STEPSTREAM_BATCH_BYTES`` so large
+``--widest`` makes every body ASCII with one emoji (the worst case: 4 bytes in memory
+per byte of message). ``--unbounded`` also runs the same backlog with ``STEPSTREAM_BATCH_BYTES`` so large
 that only the row bound is left (the worker before batches had a byte bound), for
 comparison; it is not part of ``make bench`` (it needs several GiB).
 
@@ -64,6 +65,7 @@ DELTA_CHARS = 8192
 DELTAS = 9  # 73,728 characters: past the reasoning cap, so the last delta is clipped
 # What a body's characters are made of: each byte of a message weighs 1 to 4 bytes in memory.
 ALPHABETS = ("a", "\u00e9", "\u4e2d", "a\U0001f600")  # ASCII, Latin-1, CJK, ASCII with one emoji
+WIDEST = ("a\U0001f600",)
 
 
 class Plan(msgspec.Struct, frozen=True):
@@ -84,7 +86,7 @@ def _text(alphabet: str, chars: int, tag: str) -> str:
     return (tag + alphabet[0] * chars)[: chars - 1] + alphabet[1]
 
 
-def backlog(plan: Plan, limits: Limits) -> list[tuple[bytes, bytes]]:
+def backlog(plan: Plan, limits: Limits, alphabets: tuple[str, ...] = ALPHABETS) -> list[tuple[bytes, bytes]]:
     """``(key, value)`` of every event, the runs interleaved cycle by cycle."""
     t0 = datetime(2026, 12, 1, tzinfo=timezone.utc)
     out: list[tuple[bytes, bytes]] = []
@@ -103,7 +105,7 @@ def backlog(plan: Plan, limits: Limits) -> list[tuple[bytes, bytes]]:
     wrapper = len('{"query":""}')
     for c in range(plan.cycles):
         for r in range(plan.runs):
-            alphabet = ALPHABETS[(r + c) % len(ALPHABETS)]
+            alphabet = alphabets[(r + c) % len(alphabets)]
             for d in range(DELTAS):
                 add(r, ThinkingDelta, ThinkingDeltaPayload(text=_text(alphabet, DELTA_CHARS, f"{c}.{d} ")))
             arguments = {"query": _text(alphabet, limits.arguments_chars - wrapper, f"{c} ")}
@@ -168,7 +170,7 @@ def run_worker(broker: str, topic: str, total: int, tmp: Path, name: str, timeou
 
 async def _run(args: argparse.Namespace, plan: Plan, tmp: Path) -> dict[str, Any]:
     limits = Limits()
-    blobs = backlog(plan, limits)
+    blobs = backlog(plan, limits, WIDEST if args.widest else ALPHABETS)
     size = sum(len(value) for _, value in blobs)
     topic = await new_topic(args.broker, "bench-memory")
     started = time.perf_counter()
@@ -177,7 +179,7 @@ async def _run(args: argparse.Namespace, plan: Plan, tmp: Path) -> dict[str, Any
     print(f"memory: {len(blobs):,} events, {size / 2**20:,.0f} MiB of messages, preloaded in "
           f"{time.perf_counter() - started:.1f}s", file=sys.stderr, flush=True)  # fmt: skip
     result: dict[str, Any] = {
-        "mode": "quick" if args.quick else "full",
+        "mode": ("quick" if args.quick else "full") + (", widest" if args.widest else ""),
         "events": len(blobs),
         "message_mib": size / 2**20,
         "max_message_bytes": max(len(value) for _, value in blobs),
@@ -220,6 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_memory")
     parser.add_argument("--broker", default=os.environ.get("STEPSTREAM_TEST_BROKER"), required=False)
     parser.add_argument("--quick", action="store_true", help=f"a smaller backlog ({QUICK.runs * (QUICK.cycles * 11 + 2):,} events)")
+    parser.add_argument("--widest", action="store_true", help="every body at 4 bytes a character in memory")
     parser.add_argument("--unbounded", action="store_true", help="also run with no byte bound, for comparison")
     args = parser.parse_args(argv)
     if not args.broker:
