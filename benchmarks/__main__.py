@@ -17,7 +17,7 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="smaller corpora, for a smoke run")
     args = parser.parse_args()
 
-    from benchmarks import bench_engine, bench_redact, bench_sinks, bench_worker
+    from benchmarks import bench_engine, bench_memory, bench_redact, bench_sinks, bench_worker
 
     print("== engine (decode + fold vs msgspec decode alone) ==", flush=True)
     bench_engine.main(["--runs", "100", "--rounds", "2", "--open-runs", "2000"] if args.quick else [])
@@ -35,12 +35,17 @@ def main() -> int:
         bench_worker.main(
             ["--broker", args.broker, *(["--mongo", args.mongo] if args.mongo else []), *(["--quick"] if args.quick else [])]
         )
+        print("\n== memory (a backlog of cap-sized bodies: worker + writer peak RSS under 1 GiB) ==", flush=True)
+        memory_ok = bench_memory.main(["--broker", args.broker, *(["--quick"] if args.quick else [])]) == 0
     else:
-        print("\n(worker benchmark skipped: no --broker / STEPSTREAM_TEST_BROKER; `make bench` starts one)", file=sys.stderr)
+        memory_ok = True
+        print("\n(worker and memory benchmarks skipped: no --broker / STEPSTREAM_TEST_BROKER; `make bench` starts one)",
+              file=sys.stderr)  # fmt: skip
     if not redact_ok:
         print("redaction near-match budget exceeded (see redact.near_match above)", file=sys.stderr)
-        return 1
-    return 0
+    if not memory_ok:
+        print("worker memory bound exceeded (see memory above)", file=sys.stderr)
+    return 0 if redact_ok and memory_ok else 1
 
 
 if __name__ == "__main__":

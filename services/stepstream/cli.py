@@ -46,6 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--max-hold-seconds", type=float, help="flush the tail holding the oldest uncommitted message after this long [10]"
     )
+    p.add_argument(
+        "--batch-bytes", type=int, help="write a batch once its messages reach this many bytes [33554432: 32 MiB]"
+    )
     p.add_argument("--max-open-runs", type=int, help="runs kept in memory; the least recently used are flushed [20000]")
     p.add_argument(
         "--store-retry-seconds", type=float, help="retry a batch while a store is unavailable, then exit 70 [60]"
@@ -262,6 +265,7 @@ def _settings(args: argparse.Namespace) -> Settings:
     keys = (
         "broker", "topic", "partitions", "log_level", "steps_sink", "deep_sink", "app_id",
         "web_port", "web_host", "max_event_bytes", "idle_flush_seconds", "max_hold_seconds", "max_open_runs",
+        "batch_bytes",
         "store_retry_seconds", "stop_grace_seconds", "replication_factor", "tokens_file", "api_host", "api_port",
         "compactor_interval_seconds", "compactor_web_port", "deep_runs_per_company",
         "deep_ttl_seconds", "step_ttl_seconds", "abandon_after_seconds", "retention_file",
@@ -298,6 +302,7 @@ def main(argv: list[str] | None = None) -> int:
                     settings.deep,
                     rejects=args.rejects,
                     max_event_bytes=settings.max_event_bytes,
+                    batch_bytes=settings.batch_bytes,
                     progress=not args.no_progress,
                 )
             )

@@ -37,6 +37,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # Batching: a batch is written when it holds this many records or is this old.
     batch_records: int = 5000
     batch_seconds: float = 0.05
+    # ... and at once when the message values it settles reach this many bytes (group
+    # commit never grows a batch past it): the worker's memory bound (docs/worker.md).
+    batch_bytes: int = 33_554_432
     idle_flush_seconds: float = 5.0
     # The oldest consumed-but-not-durable message of a partition is at most this old:
     # past it, the thinking tail that holds it is flushed (commit lag stays bounded).
@@ -98,6 +101,8 @@ def load_settings(overrides: Mapping[str, object] | None = None, environ: Mappin
         raise ConfigError(f"bad setting: {exc}") from None
     if settings.partitions < 1 or settings.replication_factor < 1:
         raise ConfigError("bad setting: partitions and replication_factor must be at least 1")
+    if settings.batch_bytes < 1:
+        raise ConfigError("bad setting: batch_bytes must be at least 1")
     return msgspec.structs.replace(settings, broker=normalize_broker(settings.broker))
 
 

@@ -127,6 +127,8 @@ def test_the_writer_exits_when_its_worker_is_killed(tmp_path):
 
 
 def test_a_request_falls_back_to_pickle_only_for_what_messagepack_cannot_hold():
-    assert request("write_steps", ([step(0)], [run()], [state()])).startswith(b"m")
-    assert request("write_steps", ([step(0, input_shape="x\ud800")], [], [])).startswith(b"p")
-    assert request("write_steps", ([], [run(input_tokens=2**70)], [])).startswith(b"p")
+    # A frame: the 8-byte length of the body, then the body's format byte.
+    frame = request("write_steps", ([step(0)], [run()], [state()]))
+    assert frame[8:9] == b"m" and int.from_bytes(frame[:8], "big") == len(frame) - 8
+    assert request("write_steps", ([step(0, input_shape="x\ud800")], [], []))[8:9] == b"p"
+    assert request("write_steps", ([], [run(input_tokens=2**70)], []))[8:9] == b"p"

@@ -503,3 +503,78 @@ async def test_states_loaded_for_a_partition_not_delivered_are_read_again():
     mine.apply(_ev(ToolCall, ToolCallPayload(call_id="d", tool="t", arguments={}), 2))
     await mine.flush()
     assert [s.step_seq for s in await steps.get_steps("acme", "r1")] == [0, 1]
+
+
+class BodyCountingDeepStore(MemoryDeepStore):
+    """Records how many body characters each deep write carried."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body_chars: list[int] = []
+
+    async def write(self, deeps):
+        chars = 0
+        for d in deeps:
+            chars += len(d.reasoning or "")
+            for body in (d.arguments, d.output):
+                if body is not None:
+                    chars += len(body) if type(body) is str else len(msgspec.json.encode(body))
+        self.body_chars.append(chars)
+        return await super().write(deeps)
+
+
+def _cap_sized_run(limits: Limits, cycles: int) -> list:
+    """A run whose bodies are all at their caps: per cycle, a thinking run past the
+    reasoning cap (9 deltas of 8,192 characters), a tool call whose arguments' JSON
+    text is at the arguments cap, and its result with an output at the output cap."""
+    from stepstream.core.wire import ToolResult, ToolResultPayload
+
+    events = [_ev(RunStart, RunStartPayload(agent_name="a"), 0)]
+    for c in range(cycles):
+        for d in range(9):
+            events.append(_ev(ThinkingDelta, ThinkingDeltaPayload(text=f"{c}.{d} ".ljust(8192, "t")), len(events)))
+        arguments = {"query": "q" * (limits.arguments_chars - len('{"query":""}'))}
+        events.append(_ev(ToolCall, ToolCallPayload(call_id=f"c{c}", tool="search", arguments=arguments), len(events)))
+        events.append(_ev(ToolResult, ToolResultPayload(call_id=f"c{c}", output="o" * limits.output_chars), len(events)))
+    events.append(_ev(RunEnd, RunEndPayload(status="completed"), len(events)))
+    return events
+
+
+async def test_a_batch_of_cap_sized_bodies_seals_by_bytes_even_while_a_write_is_in_flight():
+    """Rows are not the measure of a batch's memory: at their caps 40 cycles of bodies
+    are 442 events and fewer than 1,000 records and rows, far under ``batch_records``,
+    yet 6.9 MB of messages. Every batch is full once
+    the messages it settles reach ``batch_bytes`` (at most the one message that crossed
+    it more), and group commit, which grows a batch while a write is in flight, grows
+    it in rows only: the bound holds while the store is busy too. The records equal
+    those of a pipeline with no byte bound."""
+    from stepstream.core.wire import encode_event
+
+    limits, bound = Limits(), 1_000_000
+    events = _cap_sized_run(limits, cycles=40)
+    steps, deep = GatedStepStore(), BodyCountingDeepStore()
+    pipe = _pipe(steps, deep, batch_records=10_000, batch_bytes=bound)
+    await pipe.load([("acme", "r1")])
+    sealed: list[tuple[int, bool]] = []  # (message bytes, whether a write was in flight)
+    for offset, event in enumerate(events):
+        size = len(encode_event(event))
+        if pipe.apply(event, None, offset, size):
+            batch = pipe._batch
+            assert bound <= batch.message_bytes < bound + size, "full only at the byte bound"
+            assert len(batch) < 10_000
+            sealed.append((batch.message_bytes, pipe.writing))
+            steps.gate.set()  # the write in flight (if any) lands; this batch's write starts
+            await pipe.flush(wait=False)
+            steps.gate.clear()  # ... and waits at the gate while the next batch folds
+    steps.gate.set()
+    await pipe.drain()
+    assert len(sealed) >= 5 and all(writing for _, writing in sealed[1:]), sealed
+    assert all(chars <= bound for chars in deep.body_chars), deep.body_chars
+
+    ref_steps, ref_deep = MemoryStepStore(), MemoryDeepStore()
+    ref = _pipe(ref_steps, ref_deep, batch_records=10_000)
+    for event in events:
+        await ref.push(event, size=len(encode_event(event)))
+    await ref.drain()
+    assert ref.written_batches == 1  # under the default bound: one batch, as before
+    assert await _dump(steps, deep, ["acme"]) == await _dump(ref_steps, ref_deep, ["acme"])

@@ -56,6 +56,10 @@ log = logging.getLogger(__name__)
 DETAIL_CHARS = 500  # the stepstream-detail header, scrubbed (core.redact.scrub)
 EXIT_STORE_FAILED = 70  # EX_SOFTWARE: the stores failed under the fault policy; Kafka rewinds
 COMMIT_TIMEOUT_SECONDS = 5.0  # a commit on revocation or shutdown; past it the next owner re-reads
+# A fetch asks each partition for at most this much (a larger first record batch still
+# comes whole), so a fetch of large messages holds about this much per partition
+# assigned, not gigabytes (aiokafka's fetch_max_bytes, 50 MiB, caps one broker's answer).
+FETCH_PARTITION_BYTES = 1_048_576
 
 
 def die(reason: str, exc: BaseException | None = None) -> None:
@@ -113,6 +117,7 @@ class IngestWorker:
             ledger=self.ledger,
             batch_records=self.settings.batch_records,
             batch_seconds=self.settings.batch_seconds,
+            batch_bytes=self.settings.batch_bytes,
             max_open_runs=self.settings.max_open_runs,
             max_hold_seconds=self.settings.max_hold_seconds,
             retry_seconds=self.settings.store_retry_seconds,
@@ -207,12 +212,12 @@ class IngestWorker:
         for i, (event, record) in enumerate(good):
             try:
                 try:
-                    full = pipeline.apply(event, tp, record.offset)
+                    full = pipeline.apply(event, tp, record.offset, len(record.value))
                 except NotLoaded as missing:
                     # The run left memory since this fetch was loaded (it ended or was
                     # evicted, and its batches were written): read its state again.
                     await pipeline.load((missing.key,))
-                    full = pipeline.apply(event, tp, record.offset)
+                    full = pipeline.apply(event, tp, record.offset, len(record.value))
             except WireError as exc:
                 await self._dead_letter(record, exc.reason, exc.detail)
                 continue
@@ -339,6 +344,7 @@ def create_app(settings: Settings, metrics: Metrics | None = None) -> faust.App:
         topic_allow_declare=False,
         topic_disable_leader=True,
         consumer_auto_offset_reset="earliest",
+        consumer_max_fetch_size=FETCH_PARTITION_BYTES,
         stream_wait_empty=False,
         broker_commit_interval=1.0,
         broker_session_timeout=settings.session_timeout_seconds,

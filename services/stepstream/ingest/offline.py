@@ -21,7 +21,7 @@ from stepstream.core.redact import TEXT_CHARS, scrub
 from stepstream.core.wire import decode_event
 from stepstream.errors import WireError
 from stepstream.metrics import Metrics
-from stepstream.pipeline import Pipeline
+from stepstream.pipeline import BATCH_BYTES, Pipeline
 from stepstream.sinks import open_deep_store, open_step_store
 
 
@@ -39,6 +39,7 @@ async def ingest_file(
     *,
     rejects: Path | None = None,
     max_event_bytes: int = 1_048_576,
+    batch_bytes: int = BATCH_BYTES,
     limits: Limits | None = None,
     progress: bool = True,
     stderr: IO[str] | None = None,
@@ -51,7 +52,8 @@ async def ingest_file(
     deep = await open_deep_store(deep_url)
     reject_out = None
     try:
-        pipeline = Pipeline(steps, deep, limits=limits, metrics=metrics, batch_records=5000, batch_seconds=3600)
+        pipeline = Pipeline(steps, deep, limits=limits, metrics=metrics, batch_records=5000, batch_seconds=3600,
+                            batch_bytes=batch_bytes)  # fmt: skip
         total = path.stat().st_size
         with path.open("rb") as fh, tqdm(
             total=total, unit="B", unit_scale=True, desc="ingest", file=stderr, disable=not progress, mininterval=0.5
@@ -64,7 +66,7 @@ async def ingest_file(
                     continue
                 try:
                     event = decode_event(body, max_bytes=max_event_bytes)
-                    await pipeline.push(event)
+                    await pipeline.push(event, size=len(body))
                     report.events += 1
                 except WireError as exc:
                     report.rejected += 1

@@ -23,6 +23,9 @@ Contracts:
 * **Group commit.** A batch is written when it holds ``batch_records`` (records
   consumed plus rows made) or is ``batch_seconds`` old; while the previous write is
   still in flight it goes on growing, up to ``GROWTH`` times ``batch_records``.
+* **Bytes.** A batch is also full once the messages it settles reach ``batch_bytes``
+  (the ``size`` given to :meth:`Pipeline.apply`), whether a write is in flight or
+  not: it holds at most that plus one message, whatever the bodies weigh.
 * **Bounds.** At most ``max_open_runs`` folds (the least recently used are flushed and
   dropped); a held message is at most ``max_hold_seconds`` old before its tail is
   flushed (trigger ``age``); idle tails flush after ``Limits.idle_seconds`` (``idle``);
@@ -34,7 +37,7 @@ Contracts:
 
 from stepstream.pipeline.batch import RowBatch
 from stepstream.pipeline.ledger import Ledger
-from stepstream.pipeline.pipeline import GROWTH, NotLoaded, Pipeline
+from stepstream.pipeline.pipeline import BATCH_BYTES, GROWTH, NotLoaded, Pipeline
 from stepstream.pipeline.writer import StoreFailed
 
-__all__ = ["GROWTH", "Ledger", "NotLoaded", "Pipeline", "RowBatch", "StoreFailed"]
+__all__ = ["BATCH_BYTES", "GROWTH", "Ledger", "NotLoaded", "Pipeline", "RowBatch", "StoreFailed"]

@@ -13,10 +13,13 @@ RunKey = tuple[str, str]
 
 class RowBatch:
     """Rows of one write, coalesced by key with the store's own merge semantics
-    (``core.merge``), plus what rides on it: how many consumed records it settles,
-    their event times (for the ingest-lag histogram) and the event types applied."""
+    (``core.merge``), plus what rides on it: how many consumed records it settles and
+    the bytes of their values (``message_bytes``, what bounds its size: every body
+    on its rows came from those messages), their event times (for the ingest-lag
+    histogram) and the event types applied."""
 
-    __slots__ = ("steps", "deeps", "deep_at", "runs", "states", "records", "event_ts", "delta_ts", "types", "ended", "opened")
+    __slots__ = ("steps", "deeps", "deep_at", "runs", "states", "records", "message_bytes", "event_ts", "delta_ts",
+                 "types", "ended", "opened")  # fmt: skip
 
     def __init__(self, now: float = 0.0) -> None:
         self.steps: dict[tuple[str, str, int], StepRecord] = {}
@@ -25,6 +28,7 @@ class RowBatch:
         self.runs: dict[RunKey, RunRecord] = {}
         self.states: dict[RunKey, RunState] = {}
         self.records = 0  # consumed records (or lines) this batch settles
+        self.message_bytes = 0  # ... and the bytes of their values
         self.event_ts: list[float] = []  # event times of what this batch makes durable
         self.delta_ts: list[float] = []  # ... of its thinking deltas
         self.types: Counter[str] = Counter()

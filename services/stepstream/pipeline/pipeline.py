@@ -20,12 +20,16 @@ from stepstream.pipeline.folds import FoldCache
 from stepstream.pipeline.writer import BatchWriter, StoreFailed
 from stepstream.sinks.ports import DeepStore, StepStore
 
-__all__ = ["GROWTH", "NotLoaded", "Pipeline"]
+__all__ = ["BATCH_BYTES", "GROWTH", "NotLoaded", "Pipeline"]
 
 _MISSING: Any = object()
 
-#: How many times ``batch_records`` a batch may grow to while the previous write is in flight.
+#: How many times ``batch_records`` a batch may grow to while the previous write is in flight
+#: (never past ``batch_bytes``: the byte bound does not grow).
 GROWTH = 4
+
+#: The default byte bound of a batch: the values of the messages it settles.
+BATCH_BYTES = 32 * 1024 * 1024
 
 
 class NotLoaded(RuntimeError):
@@ -53,6 +57,7 @@ class Pipeline:
         wall_clock: Callable[[], float] = time.time,
         batch_records: int = 2000,
         batch_seconds: float = 0.05,
+        batch_bytes: int = BATCH_BYTES,
         evict_after_seconds: float = 60.0,
         max_open_runs: int = 20_000,
         max_hold_seconds: float = 10.0,
@@ -68,6 +73,7 @@ class Pipeline:
         self._wall = wall_clock
         self._batch_records = batch_records
         self._batch_seconds = batch_seconds
+        self._batch_bytes = batch_bytes
         self._evict_after = evict_after_seconds
         self._max_open_runs = max_open_runs
         self._max_hold = max_hold_seconds
@@ -112,10 +118,11 @@ class Pipeline:
         partitions that were not delivered): the next load reads them again."""
         self._staged.clear()
 
-    def apply(self, event: Event, tp: Hashable = None, offset: int = 0) -> bool:
-        """Fold one event into the open batch; ``True`` when the batch is full (the
-        caller then awaits :meth:`flush`). Raises ``WireError`` for an event the fold
-        refuses (nothing changed); the run must have been :meth:`load` ed."""
+    def apply(self, event: Event, tp: Hashable = None, offset: int = 0, size: int = 0) -> bool:
+        """Fold one event (``size``: the bytes of its message) into the open batch;
+        ``True`` when the batch is full (the caller then awaits :meth:`flush`). Raises
+        ``WireError`` for an event the fold refuses (nothing changed); the run must
+        have been :meth:`load` ed."""
         key = (event.company_id, event.run_id)
         now = self._clock()
         entry = self.folds.touch(key, tp, now)
@@ -124,6 +131,7 @@ class Pipeline:
         out = entry.fold.push(event, now)
         batch = self._batch
         batch.records += 1
+        batch.message_bytes += size
         if out is None:
             self.duplicates += 1
         else:
@@ -132,14 +140,19 @@ class Pipeline:
             self._take(key, out, tp, offset, now, event.ts.timestamp(), tag == "thinking_delta")
             if tag == "run_end":
                 batch.ended.append(key)
-        length = len(batch)
-        return length >= self._batch_records and self._full(length)
+        # The common case (neither bound reached) without a call.
+        return (len(batch) >= self._batch_records or batch.message_bytes >= self._batch_bytes) and self._full(batch)
 
-    def _full(self, length: int) -> bool:
+    def _full(self, batch: RowBatch) -> bool:
         """Group commit: a batch of ``batch_records`` is written once the store is free;
         while the previous write is still in flight it keeps growing, up to
         :data:`GROWTH` times that, so a slow store takes fewer, larger writes instead of
-        stopping the folds at every batch."""
+        stopping the folds at every batch. A batch that settles ``batch_bytes`` of
+        messages is full at once, store free or not (it waits for the write in flight
+        rather than grow): what a batch holds is bounded in bytes, not only in rows."""
+        if batch.message_bytes >= self._batch_bytes:
+            return True
+        length = len(batch)
         if length < self._batch_records:
             return False
         return length >= self._batch_records * GROWTH or not self.writing
@@ -150,12 +163,12 @@ class Pipeline:
         task = self._inflight
         return task is not None and not task.done()
 
-    async def push(self, event: Event, tp: Hashable = None, offset: int = 0) -> None:
+    async def push(self, event: Event, tp: Hashable = None, offset: int = 0, size: int = 0) -> None:
         """:meth:`load`, :meth:`apply` and, when the batch is full, :meth:`flush`."""
         key = (event.company_id, event.run_id)
         if key not in self.folds:
             await self.load((key,))
-        if self.apply(event, tp, offset):
+        if self.apply(event, tp, offset, size):
             await self.flush(wait=False)
 
     def settle(self, records: int = 1) -> None:
@@ -245,10 +258,11 @@ class Pipeline:
 
     def due(self) -> bool:
         """Whether the open batch is old enough to be written."""
-        length = len(self._batch)
-        if length == 0 or self._clock() - self._batch.opened < self._batch_seconds:
+        batch = self._batch
+        length = len(batch)
+        if length == 0 or self._clock() - batch.opened < self._batch_seconds:
             return False
-        return not self.writing or length >= self._batch_records * GROWTH
+        return not self.writing or length >= self._batch_records * GROWTH or batch.message_bytes >= self._batch_bytes
 
     async def flush(self, *, wait: bool = True) -> None:
         """Seal the open batch, write it under the fault policy and mark it durable.

@@ -64,13 +64,22 @@ def _read_frame(stream: IO[bytes]) -> bytes | None:
     return body
 
 
-def request(op: str, args: tuple[Any, ...]) -> bytes:
-    """The body of a request for ``op``: MessagePack when it can hold ``args``, else pickle."""
+def request(op: str, args: tuple[Any, ...]) -> bytearray:
+    """The whole frame (length header included) of a request for ``op``: MessagePack
+    when it can hold ``args``, else pickle. Encoded in place into one buffer: a batch's
+    request is as large as its bodies, and a copy per layer (body, then frame) would
+    double the worker's peak memory for each write."""
     name = op.encode()
+    start = _HEADER + 2 + len(name)
+    frame = bytearray(_HEADER) + b"m" + bytes((len(name),)) + name
     try:
-        return b"m" + bytes((len(name),)) + name + _encoder.encode(args)
+        _encoder.encode_into(args, frame, start)
     except (OverflowError, UnicodeEncodeError, TypeError, ValueError):
-        return b"p" + bytes((len(name),)) + name + pickle.dumps(args, protocol=pickle.HIGHEST_PROTOCOL)
+        del frame[start:]
+        frame[_HEADER] = ord("p")
+        frame += pickle.dumps(args, protocol=pickle.HIGHEST_PROTOCOL)
+    frame[:_HEADER] = (len(frame) - _HEADER).to_bytes(_HEADER, "big")
+    return frame
 
 
 class WriterProcess:
@@ -103,20 +112,20 @@ class WriterProcess:
         """Run ``op`` in the child; its result, or the :class:`SinkError` it raised.
         Callers serialise calls (a lock); one cancelled while waiting leaves the
         exchange to finish on the thread, so replies never go to the wrong call."""
-        body = request(op, args)
-        return await self._on_thread(self._exchange, body)
+        frame = request(op, args)
+        return await self._on_thread(self._exchange, frame)
 
     async def _on_thread(self, fn: Any, *args: Any) -> Any:
         if self._thread is None:
             raise SinkError("sqlite sink: store is closed")
         return await asyncio.get_running_loop().run_in_executor(self._thread, fn, *args)
 
-    def _exchange(self, body: bytes) -> Any:
+    def _exchange(self, frame: bytearray) -> Any:
         proc = self._proc
         if proc is None or proc.stdin is None:
             raise SinkError("sqlite sink: store is closed")
         try:
-            proc.stdin.write(_frame(body))
+            proc.stdin.write(frame)
             proc.stdin.flush()
         except (BrokenPipeError, ValueError, OSError):
             raise self._gone() from None
@@ -206,7 +215,7 @@ def serve(path: str, synchronous: str, busy_timeout_ms: int, schema: str) -> int
                 return 0
             fmt, size = body[:1], body[1]
             op = body[2 : 2 + size].decode()
-            data = body[2 + size :]
+            data = memoryview(body)[2 + size :]  # not a copy of the whole batch
             try:
                 fn, types = store.OPERATIONS[op]
                 if fmt == b"m":
@@ -216,11 +225,14 @@ def serve(path: str, synchronous: str, busy_timeout_ms: int, schema: str) -> int
                     args = decoder.decode(data)
                 else:
                     args = pickle.loads(data)
+                data.release()
+                body = None  # the request's bytes go before the transaction builds its rows
                 reply(("ok", fn(conn, *args)))
             except SinkError as exc:
                 reply(("error", exc.retriable, str(exc)))
             except Exception as exc:  # noqa: BLE001 - reported to the store, which names it
                 reply(("error", False, f"sqlite sink: the writer failed: {type(exc).__name__}"))
+            args = None  # nor are its rows kept while the next request is read
     finally:
         with contextlib.suppress(Exception):
             conn.close()
