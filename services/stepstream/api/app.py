@@ -91,6 +91,21 @@ async def reject_unknown_query(request: Request[Any, Any, Any]) -> None:
         raise ProblemError(problem(400, "unknown query parameter"))
 
 
+# Every label value must come from a fixed set: h11 accepts any token as a method,
+# and a label per distinct method would grow /metrics (and the heap) for ever.
+METHOD_LABELS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE", "CONNECT"})
+
+
+def method_label(method: str) -> str:
+    """The request's method as a metric label: one of :data:`METHOD_LABELS`, else ``other``."""
+    return method if method in METHOD_LABELS else "other"
+
+
+def status_label(status: int) -> str:
+    """The response status as a metric label: an HTTP status code (100..599), else ``other``."""
+    return str(status) if 100 <= status <= 599 else "other"
+
+
 class RequestInfo:
     """Filled while a request is served, read by the access log."""
 
@@ -103,7 +118,8 @@ class RequestInfo:
 class ApiApp:
     """The ASGI app: Litestar inside, request metrics and the access log around it.
 
-    Labels are route templates; a path that matches no route is ``unmatched``.
+    Labels are route templates; a path that matches no route is ``unmatched``; a
+    method outside :data:`METHOD_LABELS` is ``other``; a status is its code.
     Every response carries ``Cache-Control: no-store``.
     An encoded slash (``%2F``) in the path is refused as 404 before routing: no
     valid id contains one, and decoding it would route to another handler."""
@@ -146,9 +162,10 @@ class ApiApp:
                 await self.litestar(scope, receive, send_and_watch)
         finally:
             elapsed = time.perf_counter() - started
+            # Litestar's route template (a fixed set), never the raw path.
             route = scope.get("path_template") or "unmatched"
-            method = scope.get("method", "?")
-            self.metrics.requests.labels(method, route, str(status)).inc()
+            method = method_label(scope.get("method", ""))
+            self.metrics.requests.labels(method, route, status_label(status)).inc()
             self.metrics.latency.labels(method, route).observe(elapsed)
             access_log.info(
                 "%s %s %d %.1fms caller=%s", method, route, status, elapsed * 1000, info.token_id or "-"
