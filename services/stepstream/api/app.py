@@ -28,6 +28,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from stepstream.api.auth import make_guard
 from stepstream.api.deep import deep_router
+from stepstream.api.exports import DEFAULT_MAX_EXPORTS, DEFAULT_WAIT_SECONDS, ExportSlots
 from stepstream.api.problems import NOT_FOUND, PROBLEM_MEDIA_TYPE, Problem, ProblemError, encode, problem
 from stepstream.api.steps import steps_router
 from stepstream.api.tokens import TokenRegistry
@@ -172,9 +173,20 @@ class ApiApp:
             )
 
 
-def create_app(steps: StepStore, deep: DeepStore, tokens: TokenRegistry, metrics: ApiMetrics) -> ApiApp:
-    """The API over open stores. The stores stay the caller's to close."""
+def create_app(
+    steps: StepStore,
+    deep: DeepStore,
+    tokens: TokenRegistry,
+    metrics: ApiMetrics,
+    *,
+    max_exports: int = DEFAULT_MAX_EXPORTS,
+    export_wait_seconds: float = DEFAULT_WAIT_SECONDS,
+) -> ApiApp:
+    """The API over open stores. The stores stay the caller's to close. At most
+    ``max_exports`` deep reads and bundle builds run at once (``api.exports``); a
+    request waits up to ``export_wait_seconds`` for a slot, then gets 503."""
     guards = [make_guard(tokens)]
+    slots = ExportSlots(max_exports, export_wait_seconds)
 
     @get("/healthz", summary="Liveness", operation_id="healthz", tags=["ops"])
     async def healthz() -> Health:
@@ -187,7 +199,7 @@ def create_app(steps: StepStore, deep: DeepStore, tokens: TokenRegistry, metrics
         return generate_latest(metrics.registry).decode("utf-8")
 
     litestar = Litestar(
-        route_handlers=[healthz, metrics_text, steps_router(steps, guards), deep_router(deep, deep, steps, guards)],
+        route_handlers=[healthz, metrics_text, steps_router(steps, guards), deep_router(deep, deep, steps, guards, slots)],
         exception_handlers={
             ProblemError: _on_problem,
             HTTPException: _on_http,
