@@ -28,7 +28,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from stepstream.api.auth import make_guard
 from stepstream.api.deep import deep_router
-from stepstream.api.exports import DEFAULT_MAX_EXPORTS, DEFAULT_WAIT_SECONDS, ExportSlots
+from stepstream.api.exports import DEFAULT_MAX_EXPORTS, DEFAULT_WAIT_SECONDS, ExportSlots, Slot
 from stepstream.api.problems import NOT_FOUND, PROBLEM_MEDIA_TYPE, Problem, ProblemError, encode, problem
 from stepstream.api.steps import steps_router
 from stepstream.api.tokens import TokenRegistry
@@ -108,12 +108,15 @@ def status_label(status: int) -> str:
 
 
 class RequestInfo:
-    """Filled while a request is served, read by the access log."""
+    """Filled while a request is served: the token id (for the access log) and the
+    export slots the request holds (given back when its ASGI call ends, whether
+    the body was sent whole or the client went away)."""
 
-    __slots__ = ("token_id",)
+    __slots__ = ("token_id", "slots")
 
     def __init__(self) -> None:
         self.token_id: str | None = None
+        self.slots: list[Slot] = []
 
 
 class ApiApp:
@@ -125,9 +128,10 @@ class ApiApp:
     An encoded slash (``%2F``) in the path is refused as 404 before routing: no
     valid id contains one, and decoding it would route to another handler."""
 
-    def __init__(self, litestar: Litestar, metrics: ApiMetrics) -> None:
+    def __init__(self, litestar: Litestar, metrics: ApiMetrics, exports: ExportSlots | None = None) -> None:
         self.litestar = litestar
         self.metrics = metrics
+        self.exports = exports if exports is not None else ExportSlots()  # deep reads and bundles in progress
         # Litestar's automatic OPTIONS answer lists the methods its route held when
         # the first handler of a path was added; the route's final set is this.
         self.allow: dict[str, bytes] = {
@@ -162,6 +166,8 @@ class ApiApp:
             else:
                 await self.litestar(scope, receive, send_and_watch)
         finally:
+            for slot in info.slots:
+                slot.release()
             elapsed = time.perf_counter() - started
             # Litestar's route template (a fixed set), never the raw path.
             route = scope.get("path_template") or "unmatched"
@@ -222,6 +228,6 @@ def create_app(
         before_request=reject_unknown_query,
         debug=False,
     )
-    return ApiApp(litestar, metrics)
+    return ApiApp(litestar, metrics, slots)
 
 

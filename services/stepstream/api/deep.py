@@ -25,11 +25,11 @@ from collections.abc import AsyncIterator
 from typing import IO, Any, Literal
 
 import msgspec
-from litestar import Router, delete, get
+from litestar import Request, Router, delete, get
 from litestar.openapi.datastructures import ResponseSpec
 from litestar.response import Stream
 
-from stepstream.api.exports import ExportSlots, Held
+from stepstream.api.exports import ExportSlots, Held, Slot
 from stepstream.api.problems import GUARDED, NOT_FOUND, ProblemError, problem, problem_responses
 from stepstream.api.steps import CompanyParam, RunIdParam
 from stepstream.core.records import DeepRecord
@@ -114,6 +114,13 @@ def deep_router(
     and the bundle take a slot of ``slots`` (503 with ``Retry-After`` when none frees
     up in time) and hold it until their body is sent."""
 
+    async def take(request: Request[Any, Any, Any]) -> Slot:
+        slot = await slots.take()
+        info = request.scope.get("stepstream")  # the app gives the slot back when the request ends
+        if info is not None:
+            info.slots.append(slot)
+        return slot
+
     @get(
         "/runs/{run_id:str}/deep",
         opt={"scope": "deep:read"},
@@ -128,12 +135,12 @@ def deep_router(
             **problem_responses(400, *GUARDED),
         },  # fmt: skip
     )
-    async def get_deep(company: CompanyParam, run_id: RunIdParam) -> Stream:
+    async def get_deep(request: Request[Any, Any, Any], company: CompanyParam, run_id: RunIdParam) -> Stream:
         """Raw reasoning, arguments and output of every step of the run, capped and
         clipped as stored, in ordinal order. Holds secrets: only for ``deep:read``
         tokens. Streamed a page of bodies at a time; 503 with ``Retry-After`` while
         the process is at its bound of exports in progress."""
-        slot = await slots.take()
+        slot = await take(request)
         try:
             first = await deep.get_deep(company, run_id, limit=PAGE_ROWS)
             if not first and await steps.get_run(company, run_id) is None:
@@ -179,7 +186,7 @@ def deep_router(
         media_type="application/x-tar",
         responses=problem_responses(400, 410, *GUARDED),
     )
-    async def get_bundle(company: CompanyParam, run_id: RunIdParam) -> Stream:
+    async def get_bundle(request: Request[Any, Any, Any], company: CompanyParam, run_id: RunIdParam) -> Stream:
         """The run's ``.sftrace`` bundle (docs/bundle.md) as a tar of
         ``<run_id>.sftrace/``: payloads redacted, hashed, with ``integrity.json``.
         410 when the run's bodies were pruned or purged (a bundle would be incomplete);
@@ -188,7 +195,7 @@ def deep_router(
         from stepstream.bundle.build import FILE_ORDER, BundleRefused
         from stepstream.bundle.export import write_from_stores
 
-        slot = await slots.take()
+        slot = await take(request)
         spooled: dict[str, IO[bytes]] = {}
         slot.on_release(lambda: [fh.close() for fh in spooled.values()])
 
