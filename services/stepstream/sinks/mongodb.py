@@ -646,9 +646,10 @@ class MongoStepStore:
     async def get_steps(
         self, company_id: str, run_id: str, *, after: int | None = None, limit: int | None = None
     ) -> list[StepRecord]:
+        most = _limit(limit)  # a bad limit is the caller's error, before the driver is involved
         async with _translated("get_steps"):
             query = _range_query(company_id, run_id, after)
-            cursor = self._conn["run_steps"].find(query, _NO_ID).sort("step_seq", 1).limit(_limit(limit))
+            cursor = self._conn["run_steps"].find(query, _NO_ID).sort("step_seq", 1).limit(most)
             return [_step(doc) async for doc in cursor]
 
     async def list_companies(self) -> list[str]:
@@ -809,11 +810,12 @@ class MongoDeepStore:
     async def get_deep(
         self, company_id: str, run_id: str, *, after: int | None = None, limit: int | None = None
     ) -> list[DeepRecord]:
+        most = _limit(limit)
         async with _translated("get_deep"):
             if await self._pruned([(company_id, run_id)]):
                 return []
             query = _range_query(company_id, run_id, after)
-            cursor = self._conn["run_step_details"].find(query, _NO_ID).sort("step_seq", 1).limit(_limit(limit))
+            cursor = self._conn["run_step_details"].find(query, _NO_ID).sort("step_seq", 1).limit(most)
             return [_deep(doc) async for doc in cursor]
 
     async def list_deep_runs(self, company_id: str) -> list[tuple[str, str]]:
