@@ -237,6 +237,8 @@ async def test_the_export_over_the_bound_gets_503_with_retry_after(tokens, route
             "detail": "too many exports in progress; retry later",
         }  # fmt: skip
         assert (await http.get(f"/v1/companies/{COMPANY}/runs/{RUN}", headers=auth)).status_code == 200  # not bound
+        sample = app.metrics.registry.get_sample_value
+        assert sample("stepstream_api_exports_in_progress") == 2 and sample("stepstream_api_exports_refused_total") == 1
         deep.gate.set()
         assert [r.status_code for r in await asyncio.gather(*held)] == [200, 200]
         assert app.exports.active == 0

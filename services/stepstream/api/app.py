@@ -192,7 +192,7 @@ def create_app(
     ``max_exports`` deep reads and bundle builds run at once (``api.exports``); a
     request waits up to ``export_wait_seconds`` for a slot, then gets 503."""
     guards = [make_guard(tokens)]
-    slots = ExportSlots(max_exports, export_wait_seconds)
+    slots = ExportSlots(max_exports, export_wait_seconds, metrics)
 
     @get("/healthz", summary="Liveness", operation_id="healthz", tags=["ops"])
     async def healthz() -> Health:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 from stepstream.api.problems import ProblemError, problem
 
@@ -53,13 +54,16 @@ class Slot:
 class ExportSlots:
     """At most ``limit`` exports at once in this process (one event loop)."""
 
-    def __init__(self, limit: int = DEFAULT_MAX_EXPORTS, wait_seconds: float = DEFAULT_WAIT_SECONDS) -> None:
+    def __init__(
+        self, limit: int = DEFAULT_MAX_EXPORTS, wait_seconds: float = DEFAULT_WAIT_SECONDS, metrics: Any = None
+    ) -> None:
         if limit < 1:
             raise ValueError("the export limit must be at least 1")
         self.limit = limit
         self.wait_seconds = max(wait_seconds, 0.0)
         self.active = 0
         self._waiters: deque[asyncio.Future[None]] = deque()
+        self._metrics = metrics  # an ApiMetrics: exports_in_progress, exports_refused
 
     async def take(self) -> Slot:
         """A slot, waiting up to ``wait_seconds`` for one; past that, the 503 problem."""
@@ -77,12 +81,19 @@ class ExportSlots:
                     if waiter in self._waiters:
                         self._waiters.remove(waiter)
         if self.active >= self.limit:
+            if self._metrics is not None:
+                self._metrics.exports_refused.inc()
             raise ProblemError(problem(503, "too many exports in progress; retry later"), {"Retry-After": RETRY_AFTER})
-        self.active += 1
+        self._count(+1)
         return Slot(self._give_back)
 
+    def _count(self, change: int) -> None:
+        self.active += change
+        if self._metrics is not None:
+            self._metrics.exports_in_progress.set(self.active)
+
     def _give_back(self) -> None:
-        self.active -= 1
+        self._count(-1)
         while self._waiters:  # wake the longest waiter; it takes the slot if nobody came first
             waiter = self._waiters.popleft()
             if not waiter.done():
