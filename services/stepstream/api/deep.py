@@ -6,7 +6,7 @@ Only this module of the API touches the deep store. Purges go through the
 steps and run records stay.
 
 **Streaming.** The deep route writes its JSON body a page of rows at a time
-(``DeepStore.get_deep`` ranges, :data:`PAGE_ROWS` rows), and the bundle route
+(``DeepStore.get_deep`` ranges of ``bundle.export.PAGE_ROWS`` rows), and the bundle route
 builds the bundle a page at a time into spooled temporary files (in memory up to
 :data:`SPOOL_BYTES` each, then on disk) and streams their tar. Either holds about
 one page of bodies in memory, and at most ``ExportSlots.limit`` of them run at
@@ -32,10 +32,12 @@ from litestar.response import Stream
 from stepstream.api.exports import ExportSlots, Held, Slot
 from stepstream.api.problems import GUARDED, NOT_FOUND, ProblemError, problem, problem_responses
 from stepstream.api.steps import CompanyParam, RunIdParam
+from stepstream.bundle.build import FILE_ORDER, BundleRefused
+from stepstream.bundle.export import PAGE_ROWS, write_from_stores
+from stepstream.bundle.tarball import tar_chunks
 from stepstream.core.records import DeepRecord
 from stepstream.sinks.ports import DeepStore, RetentionStore, StepStore
 
-PAGE_ROWS = 16  # deep rows per page: at the caps up to ~200,000 characters each
 SPOOL_BYTES = 1 << 20  # a bundle file above this goes to a temporary file on disk
 _encoder = msgspec.json.Encoder()
 
@@ -97,8 +99,6 @@ async def _deep_chunks(
 
 
 async def _spooled_chunks(entries: list[tuple[str, int, IO[bytes]]], top: str) -> AsyncIterator[bytes]:
-    from stepstream.bundle.tarball import tar_chunks
-
     for _, _, fh in entries:
         fh.seek(0)
     chunks = tar_chunks(entries, top)
@@ -192,9 +192,6 @@ def deep_router(
         410 when the run's bodies were pruned or purged (a bundle would be incomplete);
         503 with ``Retry-After`` while the process is at its bound of exports. Built a
         page of bodies at a time into spooled files, then streamed."""
-        from stepstream.bundle.build import FILE_ORDER, BundleRefused
-        from stepstream.bundle.export import write_from_stores
-
         slot = await take(request)
         spooled: dict[str, IO[bytes]] = {}
         slot.on_release(lambda: [fh.close() for fh in spooled.values()])
