@@ -219,6 +219,14 @@ def _api_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
     p.add_argument("--host", dest="api_host", help="bind address [STEPSTREAM_API_HOST, 127.0.0.1]")
     p.add_argument("--port", dest="api_port", type=int, help="port [STEPSTREAM_API_PORT, 8080]")
     p.add_argument("--tokens-file", help=tokens_help)
+    p.add_argument(
+        "--max-exports", dest="api_max_exports", type=int,
+        help="deep reads and bundle builds at once; more wait, then get 503 [STEPSTREAM_API_MAX_EXPORTS, 4]",
+    )  # fmt: skip
+    p.add_argument(
+        "--export-wait", dest="api_export_wait_seconds", type=float,
+        help="seconds a deep read or bundle waits for a free slot [STEPSTREAM_API_EXPORT_WAIT_SECONDS, 2]",
+    )  # fmt: skip
     p.add_argument("--log-level", help="debug, info (one access line per request), warning, error [warning]")
 
     p = sub.add_parser("token", help="manage API tokens (add prints the new token on stdout, once)")
@@ -267,6 +275,7 @@ def _settings(args: argparse.Namespace) -> Settings:
         "web_port", "web_host", "max_event_bytes", "idle_flush_seconds", "max_hold_seconds", "max_open_runs",
         "batch_bytes",
         "store_retry_seconds", "stop_grace_seconds", "replication_factor", "tokens_file", "api_host", "api_port",
+        "api_max_exports", "api_export_wait_seconds",
         "compactor_interval_seconds", "compactor_web_port", "deep_runs_per_company",
         "deep_ttl_seconds", "step_ttl_seconds", "abandon_after_seconds", "retention_file",
     )

@@ -64,6 +64,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # The read API (``stepstream api``); tokens live in ``tokens_file``.
     api_host: str = "127.0.0.1"
     api_port: int = 8080
+    # Deep reads and bundle builds in progress at once per API process (each holds
+    # about a page of bodies), and how long a request waits for one before a 503.
+    api_max_exports: int = 4
+    api_export_wait_seconds: float = 2.0
     # The compactor (``stepstream compactor``): defaults of the retention policy, which
     # the TOML file ``retention_file`` may override per company (compactor/policy.py).
     deep_runs_per_company: int = 50
@@ -103,6 +107,8 @@ def load_settings(overrides: Mapping[str, object] | None = None, environ: Mappin
         raise ConfigError("bad setting: partitions and replication_factor must be at least 1")
     if settings.batch_bytes < 1:
         raise ConfigError("bad setting: batch_bytes must be at least 1")
+    if settings.api_max_exports < 1 or not 0 <= settings.api_export_wait_seconds <= 3600:
+        raise ConfigError("bad setting: api_max_exports must be at least 1, api_export_wait_seconds 0..3600")
     return msgspec.structs.replace(settings, broker=normalize_broker(settings.broker))
 
 

@@ -144,6 +144,16 @@ class ApiMetrics:
             buckets=_API_BUCKETS,
             registry=r,
         )
+        self.exports_in_progress = Gauge(
+            "stepstream_api_exports_in_progress",
+            "Deep reads and bundle builds holding a slot (at most --max-exports).",
+            registry=r,
+        )
+        self.exports_refused = Counter(
+            "stepstream_api_exports_refused",
+            "Deep reads and bundle builds refused with 503: no slot freed up within --export-wait.",
+            registry=r,
+        )
 
 
 def observe_many(histogram: Any, values: Iterable[float]) -> None:

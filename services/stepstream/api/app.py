@@ -28,6 +28,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from stepstream.api.auth import make_guard
 from stepstream.api.deep import deep_router
+from stepstream.api.exports import DEFAULT_MAX_EXPORTS, DEFAULT_WAIT_SECONDS, ExportSlots, Slot
 from stepstream.api.problems import NOT_FOUND, PROBLEM_MEDIA_TYPE, Problem, ProblemError, encode, problem
 from stepstream.api.steps import steps_router
 from stepstream.api.tokens import TokenRegistry
@@ -91,26 +92,46 @@ async def reject_unknown_query(request: Request[Any, Any, Any]) -> None:
         raise ProblemError(problem(400, "unknown query parameter"))
 
 
-class RequestInfo:
-    """Filled while a request is served, read by the access log."""
+# Every label value must come from a fixed set: h11 accepts any token as a method,
+# and a label per distinct method would grow /metrics (and the heap) for ever.
+METHOD_LABELS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE", "CONNECT"})
 
-    __slots__ = ("token_id",)
+
+def method_label(method: str) -> str:
+    """The request's method as a metric label: one of :data:`METHOD_LABELS`, else ``other``."""
+    return method if method in METHOD_LABELS else "other"
+
+
+def status_label(status: int) -> str:
+    """The response status as a metric label: an HTTP status code (100..599), else ``other``."""
+    return str(status) if 100 <= status <= 599 else "other"
+
+
+class RequestInfo:
+    """Filled while a request is served: the token id (for the access log) and the
+    export slots the request holds (given back when its ASGI call ends, whether
+    the body was sent whole or the client went away)."""
+
+    __slots__ = ("token_id", "slots")
 
     def __init__(self) -> None:
         self.token_id: str | None = None
+        self.slots: list[Slot] = []
 
 
 class ApiApp:
     """The ASGI app: Litestar inside, request metrics and the access log around it.
 
-    Labels are route templates; a path that matches no route is ``unmatched``.
+    Labels are route templates; a path that matches no route is ``unmatched``; a
+    method outside :data:`METHOD_LABELS` is ``other``; a status is its code.
     Every response carries ``Cache-Control: no-store``.
     An encoded slash (``%2F``) in the path is refused as 404 before routing: no
     valid id contains one, and decoding it would route to another handler."""
 
-    def __init__(self, litestar: Litestar, metrics: ApiMetrics) -> None:
+    def __init__(self, litestar: Litestar, metrics: ApiMetrics, exports: ExportSlots | None = None) -> None:
         self.litestar = litestar
         self.metrics = metrics
+        self.exports = exports if exports is not None else ExportSlots()  # deep reads and bundles in progress
         # Litestar's automatic OPTIONS answer lists the methods its route held when
         # the first handler of a path was added; the route's final set is this.
         self.allow: dict[str, bytes] = {
@@ -145,19 +166,33 @@ class ApiApp:
             else:
                 await self.litestar(scope, receive, send_and_watch)
         finally:
+            for slot in info.slots:
+                slot.release()
             elapsed = time.perf_counter() - started
+            # Litestar's route template (a fixed set), never the raw path.
             route = scope.get("path_template") or "unmatched"
-            method = scope.get("method", "?")
-            self.metrics.requests.labels(method, route, str(status)).inc()
+            method = method_label(scope.get("method", ""))
+            self.metrics.requests.labels(method, route, status_label(status)).inc()
             self.metrics.latency.labels(method, route).observe(elapsed)
             access_log.info(
                 "%s %s %d %.1fms caller=%s", method, route, status, elapsed * 1000, info.token_id or "-"
             )
 
 
-def create_app(steps: StepStore, deep: DeepStore, tokens: TokenRegistry, metrics: ApiMetrics) -> ApiApp:
-    """The API over open stores. The stores stay the caller's to close."""
+def create_app(
+    steps: StepStore,
+    deep: DeepStore,
+    tokens: TokenRegistry,
+    metrics: ApiMetrics,
+    *,
+    max_exports: int = DEFAULT_MAX_EXPORTS,
+    export_wait_seconds: float = DEFAULT_WAIT_SECONDS,
+) -> ApiApp:
+    """The API over open stores. The stores stay the caller's to close. At most
+    ``max_exports`` deep reads and bundle builds run at once (``api.exports``); a
+    request waits up to ``export_wait_seconds`` for a slot, then gets 503."""
     guards = [make_guard(tokens)]
+    slots = ExportSlots(max_exports, export_wait_seconds, metrics)
 
     @get("/healthz", summary="Liveness", operation_id="healthz", tags=["ops"])
     async def healthz() -> Health:
@@ -170,7 +205,7 @@ def create_app(steps: StepStore, deep: DeepStore, tokens: TokenRegistry, metrics
         return generate_latest(metrics.registry).decode("utf-8")
 
     litestar = Litestar(
-        route_handlers=[healthz, metrics_text, steps_router(steps, guards), deep_router(deep, deep, steps, guards)],
+        route_handlers=[healthz, metrics_text, steps_router(steps, guards), deep_router(deep, deep, steps, guards, slots)],
         exception_handlers={
             ProblemError: _on_problem,
             HTTPException: _on_http,
@@ -193,6 +228,6 @@ def create_app(steps: StepStore, deep: DeepStore, tokens: TokenRegistry, metrics
         before_request=reject_unknown_query,
         debug=False,
     )
-    return ApiApp(litestar, metrics)
+    return ApiApp(litestar, metrics, slots)
 
 

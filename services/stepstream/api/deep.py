@@ -4,21 +4,42 @@ Only this module of the API touches the deep store. Purges go through the
 :class:`~stepstream.sinks.ports.RetentionStore` port, the same methods
 ``stepstream purge`` uses, and answer with the number of bodies destroyed;
 steps and run records stay.
+
+**Streaming.** The deep route writes its JSON body a page of rows at a time
+(``DeepStore.get_deep`` ranges of ``bundle.export.PAGE_ROWS`` rows), and the bundle route
+builds the bundle a page at a time into spooled temporary files (in memory up to
+:data:`SPOOL_BYTES` each, then on disk) and streams their tar. Either holds about
+one page of bodies in memory, and at most ``ExportSlots.limit`` of them run at
+once (``api.exports``). Pages are read one after the other, not as one snapshot: a
+body written meanwhile may or may not be included, a purge meanwhile ends the list
+early. A store failure after the first byte is sent cannot become a problem
+response: the connection is closed before the body is complete, so a client sees
+a truncated body, never a wrong one.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Literal
+import tempfile
+from collections.abc import AsyncIterator
+from typing import IO, Any, Literal
 
 import msgspec
-from litestar import Router, delete, get
+from litestar import Request, Router, delete, get
+from litestar.openapi.datastructures import ResponseSpec
 from litestar.response import Stream
 
+from stepstream.api.exports import ExportSlots, Held, Slot
 from stepstream.api.problems import GUARDED, NOT_FOUND, ProblemError, problem, problem_responses
 from stepstream.api.steps import CompanyParam, RunIdParam
+from stepstream.bundle.build import FILE_ORDER, BundleRefused
+from stepstream.bundle.export import PAGE_ROWS, write_from_stores
+from stepstream.bundle.tarball import tar_chunks
 from stepstream.core.records import DeepRecord
 from stepstream.sinks.ports import DeepStore, RetentionStore, StepStore
+
+SPOOL_BYTES = 1 << 20  # a bundle file above this goes to a temporary file on disk
+_encoder = msgspec.json.Encoder()
 
 
 class DeepBody(msgspec.Struct, kw_only=True):
@@ -62,24 +83,72 @@ def body_view(record: DeepRecord) -> DeepBody:
     )
 
 
-def deep_router(deep: DeepStore, retention: RetentionStore, steps: StepStore, guards: list[object]) -> Router:
+async def _deep_chunks(
+    deep: DeepStore, company: str, run_id: str, first: list[DeepRecord]
+) -> AsyncIterator[bytes]:
+    """The :class:`DeepBodies` JSON of the run, a page of bodies per chunk."""
+    yield b'{"company_id":' + _encoder.encode(company) + b',"run_id":' + _encoder.encode(run_id) + b',"bodies":['
+    rows, separator = first, b""
+    while rows:
+        yield separator + b",".join(_encoder.encode(body_view(r)) for r in rows)
+        separator = b","
+        if len(rows) < PAGE_ROWS:
+            break
+        rows = await deep.get_deep(company, run_id, after=rows[-1].step_seq, limit=PAGE_ROWS)
+    yield b"]}"
+
+
+async def _spooled_chunks(entries: list[tuple[str, int, IO[bytes]]], top: str) -> AsyncIterator[bytes]:
+    for _, _, fh in entries:
+        fh.seek(0)
+    chunks = tar_chunks(entries, top)
+    while (chunk := await asyncio.to_thread(next, chunks, None)) is not None:  # file reads: off the loop
+        yield chunk
+
+
+def deep_router(
+    deep: DeepStore, retention: RetentionStore, steps: StepStore, guards: list[object], slots: ExportSlots
+) -> Router:
     """``GET``/``DELETE .../runs/{run_id}/deep`` and ``DELETE .../deep``. A run is
-    known when it has bodies or a run record; an unknown run is 404."""
+    known when it has bodies or a run record; an unknown run is 404. The deep read
+    and the bundle take a slot of ``slots`` (503 with ``Retry-After`` when none frees
+    up in time) and hold it until their body is sent."""
+
+    async def take(request: Request[Any, Any, Any]) -> Slot:
+        slot = await slots.take()
+        info = request.scope.get("stepstream")  # the app gives the slot back when the request ends
+        if info is not None:
+            info.slots.append(slot)
+        return slot
 
     @get(
         "/runs/{run_id:str}/deep",
         opt={"scope": "deep:read"},
-        summary="A run's deep companions (raw bodies)",
+        summary="A run's deep companions (raw bodies), streamed",
         operation_id="getRunDeep",
-        responses=problem_responses(400, *GUARDED),
+        media_type="application/json",
+        responses={
+            200: ResponseSpec(
+                data_container=DeepBodies, description="The run's bodies, streamed a page at a time",
+                generate_examples=False,
+            ),
+            **problem_responses(400, *GUARDED),
+        },  # fmt: skip
     )
-    async def get_deep(company: CompanyParam, run_id: RunIdParam) -> DeepBodies:
+    async def get_deep(request: Request[Any, Any, Any], company: CompanyParam, run_id: RunIdParam) -> Stream:
         """Raw reasoning, arguments and output of every step of the run, capped and
-        clipped as stored. Holds secrets: only for ``deep:read`` tokens."""
-        rows = await deep.get_deep(company, run_id)
-        if not rows and await steps.get_run(company, run_id) is None:
-            raise ProblemError(NOT_FOUND)
-        return DeepBodies(company_id=company, run_id=run_id, bodies=[body_view(r) for r in rows])
+        clipped as stored, in ordinal order. Holds secrets: only for ``deep:read``
+        tokens. Streamed a page of bodies at a time; 503 with ``Retry-After`` while
+        the process is at its bound of exports in progress."""
+        slot = await take(request)
+        try:
+            first = await deep.get_deep(company, run_id, limit=PAGE_ROWS)
+            if not first and await steps.get_run(company, run_id) is None:
+                raise ProblemError(NOT_FOUND)
+        except BaseException:
+            slot.release()
+            raise
+        return Stream(Held(_deep_chunks(deep, company, run_id, first), slot), media_type="application/json")
 
     @delete(
         "/runs/{run_id:str}/deep",
@@ -117,25 +186,34 @@ def deep_router(deep: DeepStore, retention: RetentionStore, steps: StepStore, gu
         media_type="application/x-tar",
         responses=problem_responses(400, 410, *GUARDED),
     )
-    async def get_bundle(company: CompanyParam, run_id: RunIdParam) -> Stream:
+    async def get_bundle(request: Request[Any, Any, Any], company: CompanyParam, run_id: RunIdParam) -> Stream:
         """The run's ``.sftrace`` bundle (docs/bundle.md) as a tar of
         ``<run_id>.sftrace/``: payloads redacted, hashed, with ``integrity.json``.
-        410 when the run's bodies were pruned or purged (a bundle would be incomplete)."""
-        from stepstream.bundle.build import BundleRefused, build_bundle
-        from stepstream.bundle.tarball import tar_chunks
+        410 when the run's bodies were pruned or purged (a bundle would be incomplete);
+        503 with ``Retry-After`` while the process is at its bound of exports. Built a
+        page of bodies at a time into spooled files, then streamed."""
+        slot = await take(request)
+        spooled: dict[str, IO[bytes]] = {}
+        slot.on_release(lambda: [fh.close() for fh in spooled.values()])
 
-        run = await steps.get_run(company, run_id)
-        if run is None:
-            raise ProblemError(NOT_FOUND)
-        step_seqs = [s.step_seq for s in await steps.get_steps(company, run_id)]
-        rows = await deep.get_deep(company, run_id)
-        try:  # CPU-bound (redaction, hashing): off the event loop
-            bundle = await asyncio.to_thread(build_bundle, run, rows, company_id=company, step_seqs=step_seqs)
-        except BundleRefused as exc:  # pruned, purged (or no event time at all)
+        def open_file(name: str) -> IO[bytes]:
+            spooled[name] = tempfile.SpooledTemporaryFile(max_size=SPOOL_BYTES, prefix="stepstream-bundle-")
+            return spooled[name]
+
+        try:
+            stats = await write_from_stores(steps, deep, company, run_id, open_file, page=PAGE_ROWS)
+        except BundleRefused as exc:  # unknown, pruned, purged (or no event time at all)
+            slot.release()
+            if exc.reason == "unknown":
+                raise ProblemError(NOT_FOUND) from None
             raise ProblemError(problem(410, f"no complete bundle ({exc.reason})")) from None
+        except BaseException:
+            slot.release()
+            raise
         top = f"{run_id}.sftrace"
+        entries = [(name, stats.sizes[name], spooled[name]) for name in FILE_ORDER]
         return Stream(
-            tar_chunks(bundle, top),
+            Held(_spooled_chunks(entries, top), slot),
             media_type="application/x-tar",
             headers={"Content-Disposition": f'attachment; filename="{top}.tar"'},
         )

@@ -23,7 +23,14 @@ async def serve(settings: Settings) -> None:
     try:
         deep = await open_deep_store(settings.deep)
         try:
-            app = create_app(steps, deep, TokenRegistry(Path(settings.tokens_file)), ApiMetrics())
+            app = create_app(
+                steps,
+                deep,
+                TokenRegistry(Path(settings.tokens_file)),
+                ApiMetrics(),
+                max_exports=settings.api_max_exports,
+                export_wait_seconds=settings.api_export_wait_seconds,
+            )
             config = uvicorn.Config(
                 app,
                 host=settings.api_host,

@@ -8,6 +8,7 @@ its imports), so no code path here can reach a raw body.
 
 from __future__ import annotations
 
+import re
 from typing import Annotated
 
 from litestar import Router, get
@@ -21,6 +22,11 @@ from stepstream.sinks.ports import InvalidCursor, StepStore
 MAX_LIMIT = 200
 DEFAULT_LIMIT = 50
 CURSOR_MAX_CHARS = 1024
+# A run's steps, a page at a time: at most 200 steps of at most the argument cap each.
+MAX_STEPS_LIMIT = 200
+DEFAULT_STEPS_LIMIT = 100
+STEP_CURSOR_PATTERN = r"^(0|[1-9][0-9]{0,15})$"  # a step_seq, in decimal
+_STEP_CURSOR = re.compile(STEP_CURSOR_PATTERN.strip("^$"))
 COMPANY_PATTERN = CompanyId.__metadata__[0].pattern
 RUN_PATTERN = RunId.__metadata__[0].pattern
 
@@ -60,19 +66,39 @@ def steps_router(store: StepStore, guards: list[object]) -> Router:
 
     @get(
         "/runs/{run_id:str}",
-        opt={"scope": "steps:read"},
-        summary="A run record and its steps",
+        opt={"scope": "steps:read", "query": ("limit", "after")},
+        summary="A run record and a page of its steps",
         operation_id="getRun",
         responses=problem_responses(400, *GUARDED),
     )
-    async def get_run(company: CompanyParam, run_id: RunIdParam) -> RunDetail:
-        """The run record and its steps in ordinal order: redacted arguments and
-        shapes, never raw reasoning, arguments or output."""
+    async def get_run(
+        company: CompanyParam,
+        run_id: RunIdParam,
+        limit: Annotated[
+            int, Parameter(ge=1, le=MAX_STEPS_LIMIT, description=f"Steps per page, 1..{MAX_STEPS_LIMIT}")
+        ] = DEFAULT_STEPS_LIMIT,
+        after: Annotated[
+            str | None,
+            Parameter(
+                max_length=16,
+                pattern=STEP_CURSOR_PATTERN,
+                description="The next_cursor of the previous page: the page starts after this step_seq",
+            ),
+        ] = None,
+    ) -> RunDetail:
+        """The run record and a page of its steps in ordinal order: redacted
+        arguments and shapes, never raw reasoning, arguments or output. The page
+        holds the steps after ``after`` (from the first when absent), at most
+        ``limit``; ``next_cursor`` is set when more follow."""
+        if after is not None and not _STEP_CURSOR.fullmatch(after):
+            raise ProblemError(problem(400, "after is not a cursor this API made"))
         record = await store.get_run(company, run_id)
         if record is None:
             raise ProblemError(NOT_FOUND)
-        steps = await store.get_steps(company, run_id)
-        return RunDetail(run=run_view(record), steps=[step_view(s) for s in steps])
+        # One more than the page: whether a next page exists, without a count.
+        steps = await store.get_steps(company, run_id, after=None if after is None else int(after), limit=limit + 1)
+        next_cursor = str(steps[limit - 1].step_seq) if len(steps) > limit else None
+        return RunDetail(run=run_view(record), steps=[step_view(s) for s in steps[:limit]], next_cursor=next_cursor)
 
     return Router(
         "/v1/companies/{company:str}",

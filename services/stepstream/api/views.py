@@ -71,10 +71,12 @@ class Step(msgspec.Struct, kw_only=True):
 
 
 class RunDetail(msgspec.Struct, kw_only=True):
-    """A run record and its steps in ordinal order."""
+    """A run record and a page of its steps in ordinal order; pass ``next_cursor``
+    as ``after`` for the next page. ``next_cursor`` is ``null`` on the last page."""
 
     run: Run
     steps: list[Step]
+    next_cursor: str | None
 
 
 class Health(msgspec.Struct, kw_only=True):

@@ -21,7 +21,10 @@ no open call is labelled ``unmatched result`` and carries its own start time.
 A step never holds raw output or thinking text: only shapes (``core.shapes``).
 Labels, call ids and error messages go through ``core.redact.scrub`` (credentials
 masked, then clipped: 256 characters, 2,048 for a message).
-Bodies are clipped to the caps of ``core.caps``.
+Bodies are clipped to the caps of ``core.caps``, and so are a step's redacted
+``arguments`` (:func:`step_arguments`): the argument cap is the ceiling of the
+operator view too, with the same rule (``core.caps.json_body``: clip, mark, never
+refuse), so a step never shows more of an argument than its deep body holds.
 """
 
 from __future__ import annotations
@@ -37,7 +40,17 @@ from stepstream.core.redact import TEXT_CHARS, redact, scrub
 from stepstream.core.shapes import shape, shape_chars
 
 
-__all__ = ["CALLS", "OPENERS", "RESULTS", "Rows", "call_key", "opening_rows", "result_rows", "thinking_step"]
+__all__ = [
+    "CALLS",
+    "OPENERS",
+    "RESULTS",
+    "Rows",
+    "call_key",
+    "opening_rows",
+    "result_rows",
+    "step_arguments",
+    "thinking_step",
+]
 
 CALLS = (wire.ToolCall, wire.LlmRequest)
 RESULTS = (wire.ToolResult, wire.LlmResponse)
@@ -54,6 +67,14 @@ def call_key(event: Any) -> str:
     """The ``open_calls`` key of a call or result: ``tool:<call_id>`` or ``llm:<call_id>``."""
     prefix = "tool:" if type(event) in (wire.ToolCall, wire.ToolResult) else "llm:"
     return prefix + event.payload.call_id
+
+
+def step_arguments(value: Any, limits: Limits) -> Any:
+    """``value`` redacted (``core.redact``), then capped like an argument body
+    (``core.caps.json_body`` at ``limits.arguments_chars``): within the cap it is
+    the redacted value itself; over it, the head of its compact JSON text ending
+    with the clip marker, as a string."""
+    return json_body(redact(value).value, limits.arguments_chars)[0]
 
 
 def _rows(step: StepRecord, at: str, field: str, raw: Any, cap: int, env: tuple[str, dict[str, Any]]) -> Rows:
@@ -73,17 +94,17 @@ def opening_rows(event: Any, company_id: str, run_id: str, ordinal: int, at: str
     base: dict[str, Any] = {"company_id": company_id, "run_id": run_id, "step_seq": ordinal, "started_at": at}
     if type(event) is wire.ToolCall:
         step = StepRecord(**base, kind="tool", label=scrub(p.tool), status="running", call_id=scrub(p.call_id),
-                          arguments=redact(p.arguments).value, input_shape=shape(p.arguments))  # fmt: skip
+                          arguments=step_arguments(p.arguments, limits), input_shape=shape(p.arguments))  # fmt: skip
         return _rows(step, at, "arguments", p.arguments, limits.arguments_chars, env)
     if type(event) is wire.LlmRequest:
-        params = None if p.params is None else redact(p.params).value
+        params = None if p.params is None else step_arguments(p.params, limits)
         step = StepRecord(**base, kind="llm", label=scrub(f"{p.provider}/{p.model}"), status="running",
                           call_id=scrub(p.call_id),
                           arguments=params, input_shape=shape(p.input))  # fmt: skip
         return _rows(step, at, "arguments", p.input, limits.arguments_chars, env)
     if type(event) is wire.StateChange:
         step = StepRecord(**base, kind="state", label=scrub(p.key), status="ok",
-                          arguments=redact({p.key: p.value}).value, input_shape=shape(p.value), ended_at=at)  # fmt: skip
+                          arguments=step_arguments({p.key: p.value}, limits), input_shape=shape(p.value), ended_at=at)  # fmt: skip
         return _rows(step, at, "arguments", p.value, limits.arguments_chars, env)
     if type(event) is wire.Error:
         step = StepRecord(**base, kind="error", label=scrub(p.kind or "error"), status="error",

@@ -292,8 +292,10 @@ class FaultyStepStore(_Faulty):
     async def list_runs_page(self, company_id: str, *, limit: int = 50, before: str | None = None) -> RunsPage:
         return await self._call("list_runs_page", company_id, limit=limit, before=before)
 
-    async def get_steps(self, company_id: str, run_id: str) -> list[StepRecord]:
-        return await self._call("get_steps", company_id, run_id)
+    async def get_steps(
+        self, company_id: str, run_id: str, *, after: int | None = None, limit: int | None = None
+    ) -> list[StepRecord]:
+        return await self._call("get_steps", company_id, run_id, after=after, limit=limit)
 
     async def list_companies(self) -> list[str]:
         return await self._call("list_companies")
@@ -313,8 +315,10 @@ class FaultyDeepStore(_Faulty):
     async def write(self, deeps: Sequence[DeepRecord]) -> None:
         await self._call("write", deeps)
 
-    async def get_deep(self, company_id: str, run_id: str) -> list[DeepRecord]:
-        return await self._call("get_deep", company_id, run_id)
+    async def get_deep(
+        self, company_id: str, run_id: str, *, after: int | None = None, limit: int | None = None
+    ) -> list[DeepRecord]:
+        return await self._call("get_deep", company_id, run_id, after=after, limit=limit)
 
     async def list_deep_runs(self, company_id: str) -> list[tuple[str, str]]:
         return await self._call("list_deep_runs", company_id)

@@ -88,6 +88,7 @@ from stepstream.sinks.semantics import (
     newest_first,
     page,
     run_sort_key,
+    seq_range,
     state_keys,
     unstorable,
 )
@@ -391,10 +392,12 @@ class FileStepStore:
         runs.sort(key=run_sort_key, reverse=True)
         return RunsPage(*page(runs[: limit + 1], limit))
 
-    async def get_steps(self, company_id: str, run_id: str) -> list[StepRecord]:
+    async def get_steps(
+        self, company_id: str, run_id: str, *, after: int | None = None, limit: int | None = None
+    ) -> list[StepRecord]:
         def pick(rows: dict[RunKey, dict[int, StepRecord]]) -> list[StepRecord]:
             run = rows.get((company_id, run_id), {})
-            return [run[seq] for seq in sorted(run)]
+            return [run[seq] for seq in seq_range(run, after, limit)]
 
         return await asyncio.to_thread(self._read, self._steps, pick)
 
@@ -501,12 +504,14 @@ class FileDeepStore:
                 raise _as_sink_error(exc) from exc
             return pick(self._deep.rows)
 
-    async def get_deep(self, company_id: str, run_id: str) -> list[DeepRecord]:
+    async def get_deep(
+        self, company_id: str, run_id: str, *, after: int | None = None, limit: int | None = None
+    ) -> list[DeepRecord]:
         def pick(rows: dict[RunKey, dict[int, DeepRecord]]) -> list[DeepRecord]:
             if self._pruned((company_id, run_id)):
                 return []
             run = rows.get((company_id, run_id), {})
-            return [run[seq] for seq in sorted(run)]
+            return [run[seq] for seq in seq_range(run, after, limit)]
 
         return await asyncio.to_thread(self._read, pick)
 

@@ -31,6 +31,7 @@ from stepstream.sinks.semantics import (
     newest_first,
     page,
     run_sort_key,
+    seq_range,
     state_keys,
 )
 
@@ -94,9 +95,11 @@ class MemoryStepStore:
         runs.sort(key=run_sort_key, reverse=True)
         return RunsPage(*page(runs[: limit + 1], limit))
 
-    async def get_steps(self, company_id: str, run_id: str) -> list[StepRecord]:
+    async def get_steps(
+        self, company_id: str, run_id: str, *, after: int | None = None, limit: int | None = None
+    ) -> list[StepRecord]:
         rows = self._steps.get((company_id, run_id), {})
-        return [rows[seq] for seq in sorted(rows)]
+        return [rows[seq] for seq in seq_range(rows, after, limit)]
 
     async def list_companies(self) -> list[str]:
         return sorted({c for c, _ in self._runs})
@@ -150,11 +153,13 @@ class MemoryDeepStore:
             rows = self._rows.setdefault((deep.company_id, deep.run_id), {})
             rows[deep.step_seq] = apply_deep(rows.get(deep.step_seq), deep)
 
-    async def get_deep(self, company_id: str, run_id: str) -> list[DeepRecord]:
+    async def get_deep(
+        self, company_id: str, run_id: str, *, after: int | None = None, limit: int | None = None
+    ) -> list[DeepRecord]:
         if self._pruned((company_id, run_id)):
             return []
         rows = self._rows.get((company_id, run_id), {})
-        return [rows[seq] for seq in sorted(rows)]
+        return [rows[seq] for seq in seq_range(rows, after, limit)]
 
     async def list_deep_runs(self, company_id: str) -> list[tuple[str, str]]:
         return newest_first(

@@ -513,6 +513,18 @@ def _deep(doc: dict[str, Any]) -> DeepRecord:
     return deep
 
 
+def _range_query(company_id: str, run_id: str, after: int | None) -> dict[str, Any]:
+    """A run's rows with ``step_seq > after`` (all when ``None``), on the run's index."""
+    query: dict[str, Any] = {"company_id": company_id, "run_id": run_id}
+    if after is not None:
+        query["step_seq"] = {"$gt": after}
+    return query
+
+
+def _limit(limit: int | None) -> int:
+    return 0 if limit is None else check_limit(limit)  # 0: no limit (the driver's spelling)
+
+
 class MongoStepStore:
     """Steps, runs and states in a MongoDB database; states written last, each only
     if it moves its run forward."""
@@ -631,11 +643,13 @@ class MongoStepStore:
             runs = [_run(doc) async for doc in cursor]
         return RunsPage(*page(runs, limit))
 
-    async def get_steps(self, company_id: str, run_id: str) -> list[StepRecord]:
+    async def get_steps(
+        self, company_id: str, run_id: str, *, after: int | None = None, limit: int | None = None
+    ) -> list[StepRecord]:
+        most = _limit(limit)  # a bad limit is the caller's error, before the driver is involved
         async with _translated("get_steps"):
-            cursor = (
-                self._conn["run_steps"].find({"company_id": company_id, "run_id": run_id}, _NO_ID).sort("step_seq", 1)
-            )
+            query = _range_query(company_id, run_id, after)
+            cursor = self._conn["run_steps"].find(query, _NO_ID).sort("step_seq", 1).limit(most)
             return [_step(doc) async for doc in cursor]
 
     async def list_companies(self) -> list[str]:
@@ -793,15 +807,15 @@ class MongoDeepStore:
         """Those runs whose index entry is marked pruned."""
         return {key for key, pruned_at in (await self._index_entries(keys)).items() if pruned_at}
 
-    async def get_deep(self, company_id: str, run_id: str) -> list[DeepRecord]:
+    async def get_deep(
+        self, company_id: str, run_id: str, *, after: int | None = None, limit: int | None = None
+    ) -> list[DeepRecord]:
+        most = _limit(limit)
         async with _translated("get_deep"):
             if await self._pruned([(company_id, run_id)]):
                 return []
-            cursor = (
-                self._conn["run_step_details"]
-                .find({"company_id": company_id, "run_id": run_id}, _NO_ID)
-                .sort("step_seq", 1)
-            )
+            query = _range_query(company_id, run_id, after)
+            cursor = self._conn["run_step_details"].find(query, _NO_ID).sort("step_seq", 1).limit(most)
             return [_deep(doc) async for doc in cursor]
 
     async def list_deep_runs(self, company_id: str) -> list[tuple[str, str]]:

@@ -140,8 +140,13 @@ class StepStore(Protocol):
         :class:`InvalidCursor` for a cursor that no store made."""
         ...
 
-    async def get_steps(self, company_id: str, run_id: str) -> list[StepRecord]:
-        """The run's steps in ordinal (``step_seq``) order, whatever the write order."""
+    async def get_steps(
+        self, company_id: str, run_id: str, *, after: int | None = None, limit: int | None = None
+    ) -> list[StepRecord]:
+        """The run's steps in ordinal (``step_seq``) order, whatever the write order:
+        only those with ``step_seq > after`` (all when ``None``), at most ``limit``
+        (>= 1; all when ``None``). The backend reads only that range (a page of a
+        500-step run is not the whole run, sliced)."""
         ...
 
     # -- the compactor's calls (issue 11) ---------------------------------------
@@ -261,8 +266,12 @@ class DeepStore(RetentionStore, Protocol):
         ``capabilities.atomic_batch``."""
         ...
 
-    async def get_deep(self, company_id: str, run_id: str) -> list[DeepRecord]:
-        """The merged rows of the run in ordinal order, each with ``reasoning_offset`` 0."""
+    async def get_deep(
+        self, company_id: str, run_id: str, *, after: int | None = None, limit: int | None = None
+    ) -> list[DeepRecord]:
+        """The merged rows of the run in ordinal order, each with ``reasoning_offset`` 0;
+        the range as in :meth:`StepStore.get_steps` (``step_seq > after``, at most
+        ``limit``), read as a range, so a reader can page through a run's bodies."""
         ...
 
     async def close(self) -> None: ...

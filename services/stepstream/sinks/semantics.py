@@ -53,6 +53,7 @@ __all__ = [
     "page",
     "recency",
     "run_sort_key",
+    "seq_range",
     "state_keys",
     "unstorable",
 ]
@@ -133,6 +134,15 @@ def decode_cursor(cursor: str) -> tuple[str, str]:
         return _cursor_decoder.decode(base64.urlsafe_b64decode(padded.encode("ascii")))
     except (binascii.Error, UnicodeEncodeError, ValueError, msgspec.DecodeError):
         raise InvalidCursor(f"not a runs cursor: {cursor[:64]!r}") from None
+
+
+def seq_range(seqs: Iterable[int], after: int | None, limit: int | None) -> list[int]:
+    """The sorted ``seqs`` above ``after``, at most ``limit`` of them (the in-memory
+    backends' range of ``get_steps`` / ``get_deep``)."""
+    if limit is not None:
+        check_limit(limit)
+    chosen = sorted(s for s in seqs if after is None or s > after)
+    return chosen if limit is None else chosen[:limit]
 
 
 def check_limit(limit: int) -> int:

@@ -449,6 +449,11 @@ def _transactional(body: Callable[..., T]) -> Callable[..., T]:
     return run
 
 
+def _range(after: int | None, limit: int | None) -> tuple[int, int]:
+    """``(after, limit)`` parameters of a range select: -1 is "from the first" and "no limit"."""
+    return (-1 if after is None else after, -1 if limit is None else check_limit(limit))
+
+
 def _script(conn: sqlite3.Connection, sql: str) -> None:
     try:
         conn.executescript(sql)
@@ -456,7 +461,11 @@ def _script(conn: sqlite3.Connection, sql: str) -> None:
         raise _error(exc, "change the schema") from exc
 
 
-_SELECT_STEPS = f"SELECT {', '.join(_STEP_COLS)} FROM run_steps WHERE company_id = ? AND run_id = ? ORDER BY step_seq"
+# A range of a run's rows (``step_seq > ?``, ``LIMIT ?``; -1 and -1 for all) on the primary key.
+_SELECT_STEPS = (
+    f"SELECT {', '.join(_STEP_COLS)} FROM run_steps WHERE company_id = ? AND run_id = ? AND step_seq > ? "
+    "ORDER BY step_seq LIMIT ?"
+)
 _SELECT_RUN = f"SELECT {', '.join(_RUN_COLS)} FROM runs"
 _RUN_BOOLS = tuple(f.name for f in msgspec.structs.fields(RunRecord) if f.type is bool)
 
@@ -571,8 +580,11 @@ class SqliteStepStore:
             )
         return RunsPage(*page([_run(r) for r in rows], limit))
 
-    async def get_steps(self, company_id: str, run_id: str) -> list[StepRecord]:
-        return [_step(r) for r in await self._db.fetch(_SELECT_STEPS, (company_id, run_id))]
+    async def get_steps(
+        self, company_id: str, run_id: str, *, after: int | None = None, limit: int | None = None
+    ) -> list[StepRecord]:
+        rows = await self._db.fetch(_SELECT_STEPS, (company_id, run_id, *_range(after, limit)))
+        return [_step(r) for r in rows]
 
     async def list_companies(self) -> list[str]:
         return [c for (c,) in await self._db.fetch("SELECT DISTINCT company_id FROM runs ORDER BY company_id", ())]
@@ -637,8 +649,11 @@ class SqliteDeepStore:
             for field in cut:
                 self.on_clip(field)
 
-    async def get_deep(self, company_id: str, run_id: str) -> list[DeepRecord]:
-        return [_deep(r) for r in await self._db.fetch(_SELECT_LIVE_DEEP, (company_id, run_id))]
+    async def get_deep(
+        self, company_id: str, run_id: str, *, after: int | None = None, limit: int | None = None
+    ) -> list[DeepRecord]:
+        rows = await self._db.fetch(_SELECT_LIVE_DEEP, (company_id, run_id, *_range(after, limit)))
+        return [_deep(r) for r in rows]
 
     async def list_deep_runs(self, company_id: str) -> list[tuple[str, str]]:
         rows = await self._db.fetch(_LIST_DEEP_RUNS, (company_id,))
@@ -692,7 +707,7 @@ _NOT_PRUNED = (
 )
 _SELECT_LIVE_DEEP = (
     f"SELECT {', '.join(_DEEP_COLS)} FROM run_step_details WHERE company_id = ?1 AND run_id = ?2 "
-    f"AND {_NOT_PRUNED} ORDER BY step_seq"
+    f"AND step_seq > ?3 AND {_NOT_PRUNED} ORDER BY step_seq LIMIT ?4"
 )
 _LIST_DEEP_RUNS = (
     "SELECT run_id, max(ts) AS last FROM run_step_details WHERE company_id = ?1 AND run_id NOT IN "
