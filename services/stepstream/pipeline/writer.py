@@ -13,9 +13,19 @@ that hangs past the budget,    replays from there.
 or any other exception
 =============================  =============================================================
 
+A batch's write path starts with ``before`` (the worker's confirmation that the broker
+holds the batch's dead-letter copies, :mod:`stepstream.ingest.dead_letters`): any
+exception there is a :class:`StoreFailed` too, and the stores are not written.
+
 A retried batch is written whole again (deep rows, then steps, run records and
 states): every write is idempotent, so a write that landed but reported failure is
 absorbed. Never is a batch dropped while the folds stay ahead of the store.
+
+**Health follows the write path only** (:meth:`BatchWriter.healthy`, the worker's
+``/ready`` and ``stepstream_store_available``): ``available`` is set by batch writes
+alone (a state read that succeeds while a write is being retried says nothing about the
+write), and a write counts as in progress from the start of ``before`` on. Reads are
+retried under the same policy without touching it.
 """
 
 from __future__ import annotations
@@ -74,15 +84,36 @@ class BatchWriter:
         self.writing_since: float | None = None  # clock() when the write in progress began
 
     def healthy(self, stall_seconds: float = 5.0) -> bool:
-        """Whether the stores take writes: the last write succeeded and the one in
-        progress (if any) has not been running for ``stall_seconds``."""
+        """Whether batches get written: the last write succeeded and the one in progress
+        (if any, counted from the start of its ``before``) has not been running for
+        ``stall_seconds``."""
         since = self.writing_since
         return self.available and (since is None or self._clock() - since < stall_seconds)
 
-    async def write(self, batch: RowBatch) -> list[RunKey]:
-        """Write ``batch`` (deep rows first); returns the runs the step store refused as
-        stale. Raises :class:`StoreFailed` when the policy gives up."""
+    async def write(self, batch: RowBatch, before: Callable[[], Awaitable[None]] | None = None) -> list[RunKey]:
+        """Await ``before``, then write ``batch`` (deep rows first, nothing when it has no
+        rows); returns the runs the step store refused as stale. Raises
+        :class:`StoreFailed` when the policy gives up or ``before`` raised anything."""
         self.writing_since = self._clock()
+        try:
+            if before is not None:
+                await self._before(before)
+            if not batch.has_rows:
+                return []
+            return await self._write(batch)
+        finally:
+            self.writing_since = None
+
+    @staticmethod
+    async def _before(before: Callable[[], Awaitable[None]]) -> None:
+        try:
+            await before()
+        except StoreFailed:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the batch cannot be made durable: stop
+            raise StoreFailed(f"the batch could not be confirmed: {exc!r}") from exc
+
+    async def _write(self, batch: RowBatch) -> list[RunKey]:
         timings: list[float] = []
 
         async def attempt(deadline: float) -> Any:
@@ -98,10 +129,7 @@ class BatchWriter:
             timings[:] = [deep_done - started, time.perf_counter() - deep_done]
             return skipped
 
-        try:
-            skipped = await self._retrying(attempt)
-        finally:
-            self.writing_since = None
+        skipped = await self._retrying(attempt, write=True)
         self.batches += 1
         m = self._metrics
         if m is not None:
@@ -110,14 +138,15 @@ class BatchWriter:
         return list(skipped or ())
 
     async def read(self, call: Callable[[], Awaitable[T]]) -> T:
-        """A store read (loading run states) under the same policy as a write."""
+        """A store read (loading run states) under the same policy as a write; it
+        leaves ``available`` alone (module docstring)."""
 
         async def attempt(deadline: float) -> T:
             return await self._bounded(call(), deadline, "steps")
 
-        return await self._retrying(attempt)
+        return await self._retrying(attempt, write=False)
 
-    async def _retrying(self, attempt: Callable[[float], Awaitable[T]]) -> T:
+    async def _retrying(self, attempt: Callable[[float], Awaitable[T]], *, write: bool) -> T:
         deadline = self._clock() + self._retry_seconds
         delay = 0.05
         while True:
@@ -135,14 +164,16 @@ class BatchWriter:
                     raise StoreFailed(
                         f"{sink} store unavailable for more than {self._retry_seconds:g}s: {exc}"
                     ) from exc
-                self._set_available(False)
+                if write:
+                    self._set_available(False)
                 if self._metrics is not None:
                     self._metrics.store_retries.labels(sink).inc()
                 log.warning("%s store unavailable, retrying in %.2fs: %s", sink, delay, exc)
                 await self._sleep(delay)
                 delay = min(delay * 2, 2.0)
                 continue
-            self._set_available(True)
+            if write:
+                self._set_available(True)
             return result
 
     async def _bounded(self, call: Awaitable[T], deadline: float, sink: str) -> T:
