@@ -16,16 +16,27 @@ ends with the sinks compared record for record with ``ingest-file`` of the same 
 * SIGTERM while the group's rebalance waits for a paused member: exit 0 within the stop
   grace (not when the paused member's session expires), and the group converges;
 * SIGTERM while a worker starts (its consumer still joins the group): exit 0 promptly,
-  LeaveGroup sent (no ghost member holding up the group for a session).
+  LeaveGroup sent (no ghost member holding up the group for a session);
+* a poison message of ~1 MB (under ``max_event_bytes``, over faust's default producer
+  limit) and an ``oversize`` one of 3 MB: dead-lettered (the second as a bounded copy),
+  the same process goes on (issue 19 item 1);
+* a dead-letter topic that does not acknowledge (``min.insync.replicas`` above its
+  replicas): ``/ready`` 503 while the batch waits, exit 70 within the budget, a second
+  worker SIGKILLed while it waits too; once the topic takes copies, a restart converges
+  with exactly one copy of the poison message (issue 19 items 2, 12).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import time
 
 import pytest
+from aiokafka import AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
 from harness import (
     Scenario,
@@ -36,10 +47,12 @@ from harness import (
     explain_lag,
     first_difference,
     golden_dump,
+    read_topic,
     sink_watermarks,
     wait_caught_up,
     wait_for,
 )
+from stepstream.core.wire import encode_event, partition_key
 from stepstream.emitter.corpus import generate_events
 from stepstream.sinks.faults import read_log, write_plan
 
@@ -410,4 +423,130 @@ async def test_sigterm_during_startup_leaves_the_group_and_exits(scenario, corpu
         await wait_for(lambda: k.ready_status()[0] == 200, 10, "k to own the topic again")
     await wait_caught_up(scenario.broker, scenario.group, scenario.topic, [k], timeout=180, stall=60)
     assert k.stop(timeout=30) == 0, k.tail()
+    await assert_golden(scenario, companies, golden)
+
+
+# -- (g) a dead letter of about a megabyte, and an oversize one --------------------------
+
+
+async def produce_raw(broker: str, topic: str, messages: list[tuple[bytes, bytes, list]]) -> None:
+    """Produce ``(key, value, headers)`` as they are, compressed (a 3 MB value of one
+    repeated byte travels in a batch far below the broker's 1 MB limit)."""
+    producer = AIOKafkaProducer(bootstrap_servers=broker, acks="all", compression_type="gzip", max_request_size=8_000_000)
+    await producer.start()
+    try:
+        for key, value, headers in messages:
+            await (await producer.send(topic, value, key=key, headers=headers))
+    finally:
+        await producer.stop()
+
+
+def _poison(event, padding: int) -> bytes:
+    obj = json.loads(encode_event(event))
+    obj.update(event_id="poison-mb", type="telepathy", padding="x" * padding)  # unknown_type, or oversize
+    return json.dumps(obj).encode()
+
+
+async def test_a_megabyte_poison_message_is_dead_lettered_and_the_worker_goes_on(scenario, corpus, golden):
+    events, companies = corpus
+    await scenario.create_topics()
+    worker = scenario.start_worker(name="mb")
+    pid = worker.pid
+    half = len(events) // 2
+    await scenario.produce(events[:half])
+    # Under the key of a good run: onto its partition, among its events.
+    victim = events[half]
+    key = partition_key(victim.company_id, victim.run_id)
+    megabyte = _poison(victim, 1_040_000)  # under max_event_bytes (1,048,576), over 1,000,000
+    oversize = _poison(victim, 3_000_000)
+    await produce_raw(scenario.broker, scenario.topic, [(key, megabyte, [("poison-kind", b"megabyte")]),
+                                                        (key, oversize, [("poison-kind", b"oversize")])])  # fmt: skip
+    await scenario.produce(events[half:])
+    await wait_caught_up(scenario.broker, scenario.group, scenario.topic, [worker], timeout=180)
+    assert worker.alive() and worker.pid == pid, "the worker must stay up through a dead letter of a megabyte"
+    assert worker.metric_sum("stepstream_dead_letters_total") == 2
+    assert worker.stop(timeout=30) == 0, worker.tail()
+
+    letters = {dict(r.headers)["poison-kind"]: r for r in await read_topic(scenario.broker, scenario.topic + ".dlq")}
+    assert sorted(letters) == [b"megabyte", b"oversize"]
+    whole, bounded = letters[b"megabyte"], letters[b"oversize"]
+    assert whole.value == megabyte and whole.key == key
+    assert dict(whole.headers)["stepstream-reason"] == b"unknown_type"
+    headers = dict(bounded.headers)
+    assert bounded.key == key and 0 < len(bounded.value) < 100_000 and oversize.startswith(bounded.value)
+    assert headers["stepstream-reason"] == b"oversize"
+    assert headers["stepstream-size"] == str(len(oversize)).encode()
+    assert headers["stepstream-source"].startswith(f"{scenario.topic}/{bounded.partition}/".encode())
+    print(f"dead letters of {len(megabyte):,} bytes (whole) and {len(oversize):,} bytes "
+          f"(bounded to {len(bounded.value):,}); one worker process throughout")  # fmt: skip
+    await assert_golden(scenario, companies, golden)
+
+
+# -- (h) a dead-letter topic that does not acknowledge ---------------------------------------
+
+
+async def set_topic_config(broker: str, topic: str, configs: dict[str, str], partitions: int | None = None) -> None:
+    """Create ``topic`` with ``configs`` (``partitions`` given) or set them on it."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=broker)
+    await admin.start()
+    try:
+        if partitions is not None:
+            await admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1,
+                                                topic_configs=configs)])  # fmt: skip
+        else:
+            (response,) = await admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, topic, configs=configs)])
+            assert all(resource[0] == 0 for resource in response.resources), response
+    finally:
+        await admin.close()
+
+
+async def test_an_unacknowledged_dead_letter_exits_70_and_a_kill_after_it_converges(scenario, corpus, golden):
+    events, companies = corpus
+    dlq = scenario.topic + ".dlq"
+    # acks=all with 2 in-sync replicas required of 1: the broker refuses every copy
+    # (NOT_ENOUGH_REPLICAS, which the producer retries until its request timeout, 20 min).
+    await set_topic_config(scenario.broker, dlq, {"min.insync.replicas": "2"}, partitions=PARTITIONS)
+    await scenario.create_topics()  # the raw topic; the dead-letter topic is left as it is
+    budget = 8.0
+    env = {"STEPSTREAM_STORE_RETRY_SECONDS": str(budget)}
+    a = scenario.start_worker(name="a", **env)
+    third = len(events) // 3
+    await scenario.produce(events[:third])
+    await wait_caught_up(scenario.broker, scenario.group, scenario.topic, [a], timeout=120)
+    await asyncio.to_thread(a.wait_web)
+    assert a.ready_status()[0] == 200
+
+    victim = events[third]
+    poison = (partition_key(victim.company_id, victim.run_id), b'{"v": 1, "type": "run_st', [("poison-kind", b"not_json")])
+    await produce_raw(scenario.broker, scenario.topic, [poison])
+    sent = time.monotonic()
+    await scenario.produce(events[third : 2 * third])
+    statuses: list[tuple[float, int, dict]] = []
+    while a.alive() and time.monotonic() - sent < budget + 20:
+        status, body = await asyncio.to_thread(a.ready_status)
+        statuses.append((time.monotonic() - sent, status, body))
+        await asyncio.sleep(0.5)
+    rc = await asyncio.to_thread(a.wait_exit, 5)
+    polls = [(round(t, 1), status) for t, status, _ in statuses]
+    assert rc == 70, f"exit {rc}, {time.monotonic() - sent:.1f}s after the poison message (/ready {polls}):\n{a.tail()}"
+    waited = [t for t, status, body in statuses if status == 503 and body.get("stores_writable") is False]
+    assert waited, f"/ready never said 503 while the batch waited on its dead letter: {polls}"
+    assert "dead-letter copy" in a.tail(), a.tail()
+
+    # A second worker replays the poison message, waits on its copy too, and is killed.
+    b = scenario.start_worker(name="b", **env)
+    await wait_for(lambda: "dead letter" in b.log_path.read_text(errors="replace"), 90, "b to dead-letter again")
+    await asyncio.sleep(1.0)
+    assert b.alive(), b.tail()
+    b.kill()
+
+    await set_topic_config(scenario.broker, dlq, {"min.insync.replicas": "1"})  # the topic takes copies again
+    c = scenario.start_worker(name="c")
+    await scenario.produce(events[2 * third :])
+    await wait_caught_up(scenario.broker, scenario.group, scenario.topic, [c], timeout=180)
+    assert c.stop(timeout=30) == 0, c.tail()
+    letters = await read_topic(scenario.broker, dlq)
+    assert [dict(r.headers)["poison-kind"] for r in letters] == [b"not_json"], letters
+    print(f"unacknowledged dead letter: /ready 503 from {waited[0]:.1f}s, "
+          f"exit 70 after {statuses[-1][0]:.1f}s (budget {budget:g}s); b killed while it waited; one copy after")
     await assert_golden(scenario, companies, golden)
