@@ -6,7 +6,7 @@ in tests/integration/test_faults.py):
   limit) and an ``oversize`` one of 3 MB go to the topic, the worker goes on (item 1);
 * a dead-letter copy the broker does not acknowledge stops the process before anything
   later is written, and a failed write stays failed (item 2);
-* readiness follows the write path only: the dead-letter wait counts as a write in
+* readiness follows the write path: the dead-letter wait counts as a write in
   progress, and a state read that succeeds while a write is retried does not make the
   stores look available (item 12).
 """
@@ -208,7 +208,7 @@ async def test_a_failed_write_stays_failed_and_nothing_later_is_written():
     assert ledger.watermark(TP) == 0
 
 
-# -- item 12: readiness follows the write path -----------------------------------------------
+# -- item 12: readiness follows the write path ----------------------------------------------
 
 
 class Clock:

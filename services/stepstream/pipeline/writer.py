@@ -21,11 +21,14 @@ A retried batch is written whole again (deep rows, then steps, run records and
 states): every write is idempotent, so a write that landed but reported failure is
 absorbed. Never is a batch dropped while the folds stay ahead of the store.
 
-**Health follows the write path only** (:meth:`BatchWriter.healthy`, the worker's
-``/ready`` and ``stepstream_store_available``): ``available`` is set by batch writes
-alone (a state read that succeeds while a write is being retried says nothing about the
-write), and a write counts as in progress from the start of ``before`` on. Reads are
-retried under the same policy without touching it.
+**Health follows each call that retries** (:meth:`BatchWriter.healthy`, the worker's
+``/ready`` and ``stepstream_store_available``): ``available`` is false while any write
+or read is being retried, and only that call's own success clears its part. So a state
+read that succeeds while a batch write is still retried does not make the stores look
+available; a read that is retried while no write is in flight does make them look
+unavailable (the folds wait on it). A call that gives up (:class:`StoreFailed`) leaves
+them unavailable: the process is stopping. A write counts as in progress (for the stall
+check) from the start of ``before`` on.
 """
 
 from __future__ import annotations
@@ -79,9 +82,14 @@ class BatchWriter:
         self._retry_seconds = retry_seconds
         self._clock = clock
         self._sleep = sleep
-        self.available = True
+        self._retrying_calls = 0  # writes and reads being retried (or given up)
         self.batches = 0
         self.writing_since: float | None = None  # clock() when the write in progress began
+
+    @property
+    def available(self) -> bool:
+        """No store call is being retried (module docstring)."""
+        return self._retrying_calls == 0
 
     def healthy(self, stall_seconds: float = 5.0) -> bool:
         """Whether batches get written: the last write succeeded and the one in progress
@@ -129,7 +137,7 @@ class BatchWriter:
             timings[:] = [deep_done - started, time.perf_counter() - deep_done]
             return skipped
 
-        skipped = await self._retrying(attempt, write=True)
+        skipped = await self._retrying(attempt)
         self.batches += 1
         m = self._metrics
         if m is not None:
@@ -138,17 +146,17 @@ class BatchWriter:
         return list(skipped or ())
 
     async def read(self, call: Callable[[], Awaitable[T]]) -> T:
-        """A store read (loading run states) under the same policy as a write; it
-        leaves ``available`` alone (module docstring)."""
+        """A store read (loading run states) under the same policy as a write."""
 
         async def attempt(deadline: float) -> T:
             return await self._bounded(call(), deadline, "steps")
 
-        return await self._retrying(attempt, write=False)
+        return await self._retrying(attempt)
 
-    async def _retrying(self, attempt: Callable[[float], Awaitable[T]], *, write: bool) -> T:
+    async def _retrying(self, attempt: Callable[[float], Awaitable[T]]) -> T:
         deadline = self._clock() + self._retry_seconds
         delay = 0.05
+        retried = False
         while True:
             try:
                 result = await attempt(deadline)
@@ -164,16 +172,17 @@ class BatchWriter:
                     raise StoreFailed(
                         f"{sink} store unavailable for more than {self._retry_seconds:g}s: {exc}"
                     ) from exc
-                if write:
-                    self._set_available(False)
+                if not retried:
+                    retried = True
+                    self._count_retrying(+1)
                 if self._metrics is not None:
                     self._metrics.store_retries.labels(sink).inc()
                 log.warning("%s store unavailable, retrying in %.2fs: %s", sink, delay, exc)
                 await self._sleep(delay)
                 delay = min(delay * 2, 2.0)
                 continue
-            if write:
-                self._set_available(True)
+            if retried:
+                self._count_retrying(-1)
             return result
 
     async def _bounded(self, call: Awaitable[T], deadline: float, sink: str) -> T:
@@ -186,10 +195,9 @@ class BatchWriter:
         except Exception as exc:
             raise _StoreError(sink, exc) from exc
 
-    def _set_available(self, available: bool) -> None:
-        if available != self.available:
-            self.available = available
-            if available:
-                log.warning("stores are writable again")
+    def _count_retrying(self, change: int) -> None:
+        self._retrying_calls += change
+        if change < 0 and self.available:
+            log.warning("stores are available again")
         if self._metrics is not None:
-            self._metrics.store_available.set(1 if available else 0)
+            self._metrics.store_available.set(1 if self.available else 0)
