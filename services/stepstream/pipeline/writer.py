@@ -92,9 +92,9 @@ class BatchWriter:
         return self._retrying_calls == 0
 
     def healthy(self, stall_seconds: float = 5.0) -> bool:
-        """Whether batches get written: the last write succeeded and the one in progress
-        (if any, counted from the start of its ``before``) has not been running for
-        ``stall_seconds``."""
+        """Whether batches get written: no store call is being retried, and the write in
+        progress (if any, counted from the start of its ``before``) has not been running
+        for ``stall_seconds``."""
         since = self.writing_since
         return self.available and (since is None or self._clock() - since < stall_seconds)
 
