@@ -54,6 +54,7 @@ from harness import (
 )
 from stepstream.core.wire import encode_event, partition_key
 from stepstream.emitter.corpus import generate_events
+from stepstream.ingest.dead_letters import max_request_bytes
 from stepstream.sinks.faults import read_log, write_plan
 
 pytestmark = pytest.mark.integration
@@ -441,6 +442,18 @@ async def produce_raw(broker: str, topic: str, messages: list[tuple[bytes, bytes
         await producer.stop()
 
 
+async def topic_config(broker: str, topic: str, name: str) -> str:
+    admin = AIOKafkaAdminClient(bootstrap_servers=broker)
+    await admin.start()
+    try:
+        (response,) = await admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, topic, configs={name: None})])
+        ((_, _, _, _, entries),) = response.resources
+        ((_, value, *_),) = entries
+        return value
+    finally:
+        await admin.close()
+
+
 def _poison(event, padding: int) -> bytes:
     obj = json.loads(encode_event(event))
     obj.update(event_id="poison-mb", type="telepathy", padding="x" * padding)  # unknown_type, or oversize
@@ -450,6 +463,9 @@ def _poison(event, padding: int) -> bytes:
 async def test_a_megabyte_poison_message_is_dead_lettered_and_the_worker_goes_on(scenario, corpus, golden):
     events, companies = corpus
     await scenario.create_topics()
+    # Sized above the largest copy: faust's producer is too (worker side, tests/service).
+    dlq_limit = await topic_config(scenario.broker, scenario.topic + ".dlq", "max.message.bytes")
+    assert int(dlq_limit) == max_request_bytes(1_048_576) > 1_048_576 + 65_536
     worker = scenario.start_worker(name="mb")
     pid = worker.pid
     half = len(events) // 2

@@ -127,7 +127,9 @@ async def test_a_dead_letter_of_a_megabyte_and_an_oversize_one_do_not_stop_the_w
 
     settings = load_settings({"steps_sink": "memory://", "deep_sink": "memory://"}, environ={})
     # The producer limit the worker's faust app really configures.
-    dlq = ProducerTopic(create_app(settings).conf.producer_max_request_size)
+    limit = create_app(settings).conf.producer_max_request_size
+    assert limit > settings.max_event_bytes + 65_536
+    dlq = ProducerTopic(limit)
     worker = await _worker(dlq)
     megabyte = b'{"v": 1, "padding": "' + b"x" * 1_040_000 + b'"}'  # under max_event_bytes, not an event
     oversize = b"{" + b"x" * 3_000_000
