@@ -65,7 +65,7 @@ class Metrics:
             ["sink"], registry=r,
         )
         self.store_available = Gauge(
-            "stepstream_store_available", "1 while the last batch write succeeded, 0 while retrying.", registry=r
+            "stepstream_store_available", "0 while a store write or read is being retried, else 1.", registry=r
         )
         self.held_age = Gauge(
             "stepstream_oldest_held_seconds",

@@ -16,16 +16,27 @@ ends with the sinks compared record for record with ``ingest-file`` of the same 
 * SIGTERM while the group's rebalance waits for a paused member: exit 0 within the stop
   grace (not when the paused member's session expires), and the group converges;
 * SIGTERM while a worker starts (its consumer still joins the group): exit 0 promptly,
-  LeaveGroup sent (no ghost member holding up the group for a session).
+  LeaveGroup sent (no ghost member holding up the group for a session);
+* a poison message of ~1 MB (under ``max_event_bytes``, over faust's default producer
+  limit) and an ``oversize`` one of 3 MB: dead-lettered (the second as a bounded copy),
+  the same process goes on (issue 19 item 1);
+* a dead-letter acknowledgement the broker refuses (a dead-letter topic too small even
+  for the bounded copy): exit 70, or a SIGKILL if the worker still runs; once the topic
+  takes copies, a restart converges with exactly one copy of the poison message (issue
+  19 item 2).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import time
 
 import pytest
+from aiokafka import AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
 from harness import (
     Scenario,
@@ -36,11 +47,14 @@ from harness import (
     explain_lag,
     first_difference,
     golden_dump,
+    read_topic,
     sink_watermarks,
     wait_caught_up,
     wait_for,
 )
+from stepstream.core.wire import encode_event, partition_key
 from stepstream.emitter.corpus import generate_events
+from stepstream.ingest.dead_letters import max_request_bytes
 from stepstream.sinks.faults import read_log, write_plan
 
 pytestmark = pytest.mark.integration
@@ -411,3 +425,132 @@ async def test_sigterm_during_startup_leaves_the_group_and_exits(scenario, corpu
     await wait_caught_up(scenario.broker, scenario.group, scenario.topic, [k], timeout=180, stall=60)
     assert k.stop(timeout=30) == 0, k.tail()
     await assert_golden(scenario, companies, golden)
+
+
+# -- (g) a dead letter of about a megabyte, and an oversize one --------------------------
+
+
+async def produce_raw(broker: str, topic: str, messages: list[tuple[bytes, bytes, list]]) -> None:
+    """Produce ``(key, value, headers)`` as they are, compressed (a 3 MB value of one
+    repeated byte travels in a batch far below the broker's 1 MB limit)."""
+    producer = AIOKafkaProducer(bootstrap_servers=broker, acks="all", compression_type="gzip", max_request_size=8_000_000)
+    await producer.start()
+    try:
+        for key, value, headers in messages:
+            await (await producer.send(topic, value, key=key, headers=headers))
+    finally:
+        await producer.stop()
+
+
+async def topic_config(broker: str, topic: str, name: str) -> str:
+    admin = AIOKafkaAdminClient(bootstrap_servers=broker)
+    await admin.start()
+    try:
+        (response,) = await admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, topic, configs={name: None})])
+        ((_, _, _, _, entries),) = response.resources
+        ((_, value, *_),) = entries
+        return value
+    finally:
+        await admin.close()
+
+
+def _poison(event, padding: int) -> bytes:
+    obj = json.loads(encode_event(event))
+    obj.update(event_id="poison-mb", type="telepathy", padding="x" * padding)  # unknown_type, or oversize
+    return json.dumps(obj).encode()
+
+
+async def test_a_megabyte_poison_message_is_dead_lettered_and_the_worker_goes_on(scenario, corpus, golden):
+    events, companies = corpus
+    await scenario.create_topics()
+    # Sized above the largest copy: faust's producer is too (worker side, tests/service).
+    dlq_limit = await topic_config(scenario.broker, scenario.topic + ".dlq", "max.message.bytes")
+    assert int(dlq_limit) == max_request_bytes(1_048_576) > 1_048_576 + 65_536
+    worker = scenario.start_worker(name="mb")
+    pid = worker.pid
+    half = len(events) // 2
+    await scenario.produce(events[:half])
+    # Under the key of a good run: onto its partition, among its events.
+    victim = events[half]
+    key = partition_key(victim.company_id, victim.run_id)
+    megabyte = _poison(victim, 1_040_000)  # under max_event_bytes (1,048,576), over 1,000,000
+    oversize = _poison(victim, 3_000_000)
+    await produce_raw(scenario.broker, scenario.topic, [(key, megabyte, [("poison-kind", b"megabyte")]),
+                                                        (key, oversize, [("poison-kind", b"oversize")])])  # fmt: skip
+    await scenario.produce(events[half:])
+    await wait_caught_up(scenario.broker, scenario.group, scenario.topic, [worker], timeout=180)
+    assert worker.alive() and worker.pid == pid, "the worker must stay up through a dead letter of a megabyte"
+    assert worker.metric_sum("stepstream_dead_letters_total") == 2
+    assert worker.stop(timeout=30) == 0, worker.tail()
+
+    letters = {dict(r.headers)["poison-kind"]: r for r in await read_topic(scenario.broker, scenario.topic + ".dlq")}
+    assert sorted(letters) == [b"megabyte", b"oversize"]
+    whole, bounded = letters[b"megabyte"], letters[b"oversize"]
+    assert whole.value == megabyte and whole.key == key
+    assert dict(whole.headers)["stepstream-reason"] == b"unknown_type"
+    headers = dict(bounded.headers)
+    assert bounded.key == key and 0 < len(bounded.value) < 100_000 and oversize.startswith(bounded.value)
+    assert headers["stepstream-reason"] == b"oversize"
+    assert headers["stepstream-size"] == str(len(oversize)).encode()
+    assert headers["stepstream-source"].startswith(f"{scenario.topic}/{bounded.partition}/".encode())
+    print(f"dead letters of {len(megabyte):,} bytes (whole) and {len(oversize):,} bytes "
+          f"(bounded to {len(bounded.value):,}); one worker process throughout")  # fmt: skip
+    await assert_golden(scenario, companies, golden)
+
+
+# -- (h) a dead-letter topic that does not acknowledge ---------------------------------------
+
+
+async def set_topic_config(broker: str, topic: str, configs: dict[str, str], partitions: int | None = None) -> None:
+    """Create ``topic`` with ``configs`` (``partitions`` given) or set them on it."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=broker)
+    await admin.start()
+    try:
+        if partitions is not None:
+            await admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1,
+                                                topic_configs=configs)])  # fmt: skip
+        else:
+            (response,) = await admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, topic, configs=configs)])
+            assert all(resource[0] == 0 for resource in response.resources), response
+    finally:
+        await admin.close()
+
+
+async def test_a_refused_dead_letter_acknowledgement_exits_70_and_a_kill_after_it_converges(scenario, corpus, golden):
+    """The broker refuses the dead-letter copy of a poison message (a dead-letter topic
+    of 1 KB: the whole copy and the bounded one are both too large). The batch carrying
+    it must not be dropped with the next batch written ahead of it: the worker exits 70
+    by itself (were it still running, it is SIGKILLed); once the topic takes copies again,
+    a restart converges, with exactly one copy of the poison message."""
+    events, companies = corpus
+    dlq = scenario.topic + ".dlq"
+    await set_topic_config(scenario.broker, dlq, {"max.message.bytes": "1024"}, partitions=PARTITIONS)
+    await scenario.create_topics()  # the raw topic; the dead-letter topic is left as it is
+    a = scenario.start_worker(name="a")
+    third = len(events) // 3
+    await scenario.produce(events[:third])
+    await wait_caught_up(scenario.broker, scenario.group, scenario.topic, [a], timeout=120)
+
+    victim = events[third]
+    key = partition_key(victim.company_id, victim.run_id)
+    poison = b'{"v": 1, "padding": "' + b"x" * 100_000  # not_json; its bounded copy is 64 KiB
+    await produce_raw(scenario.broker, scenario.topic, [(key, poison, [("poison-kind", b"not_json")])])
+    sent = time.monotonic()
+    await scenario.produce(events[third : 2 * third])
+    rc = await asyncio.to_thread(a.wait_exit, 30)
+    took = time.monotonic() - sent
+    killed = rc is None
+    if killed:
+        a.kill()  # still running after its dead letter was refused: the kill after it
+    print(f"refused dead letter: worker {'SIGKILLed, still running' if killed else f'exit {rc}'} {took:.1f}s after it")
+
+    await set_topic_config(scenario.broker, dlq, {"max.message.bytes": "1126400"})  # takes copies again
+    b = scenario.start_worker(name="b")
+    await scenario.produce(events[2 * third :])
+    await wait_caught_up(scenario.broker, scenario.group, scenario.topic, [b], timeout=180)
+    assert b.stop(timeout=30) == 0, b.tail()
+    await assert_golden(scenario, companies, golden)
+    assert rc == 70, f"exit {rc} after a refused dead-letter acknowledgement (expected 70, by itself):\n{a.tail()}"
+    assert "dead-letter copy" in a.tail(), a.tail()
+    letters = await read_topic(scenario.broker, dlq)
+    assert [(r.key, r.value, dict(r.headers)["stepstream-reason"]) for r in letters] == [(key, poison, b"not_json")]

@@ -7,13 +7,16 @@ Design (docs/worker.md has the long form):
 * A record that is not a valid v1 event, whose Kafka key is not
   ``{company_id}/{run_id}`` of the event (``bad_key``), or that the fold refuses
   (``seq_jump``, ``unfoldable``) goes to the dead-letter topic with its original key,
-  value and headers plus headers naming the reason and the source; the broker's
-  acknowledgement of the copy is awaited before the batch carrying it is durable.
+  value and headers plus headers naming the reason and the source, as a bounded copy
+  when it could be too large (:mod:`stepstream.ingest.dead_letters`); the broker's
+  acknowledgement of the copy is awaited before the batch carrying it is written.
 * Commits come from the :class:`~stepstream.pipeline.ledger.Ledger`: per partition, the
   offset after the longest prefix whose effects are durable.
 * Store faults follow :mod:`stepstream.pipeline.writer`: retried in place (``/ready``
   503 meanwhile), or the process exits non-zero (:data:`EXIT_STORE_FAILED`) so Kafka
-  rewinds. Failing to open a store exits before anything is consumed.
+  rewinds; so does a dead-letter copy that is not acknowledged, and any exception on
+  the fetch, timer or stop path (never a crash that lets a graceful stop commit past
+  records not handled). Failing to open a store exits before anything is consumed.
 * Nothing lives in faust tables. On a rebalance the current batch is written, its
   offsets committed, and the folds and holds of revoked partitions are dropped; the
   next owner reloads each run's durable state from the step store and replays from
@@ -40,10 +43,10 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from stepstream.config import Settings, faust_broker, normalize_broker
 from stepstream.core.fold import Limits
-from stepstream.core.redact import scrub
 from stepstream.core.wire import decode_event
 from stepstream.errors import WireError
 from stepstream.ingest.consumer import BatchConsumer, BatchTransport, Records
+from stepstream.ingest.dead_letters import DeadLetters, max_request_bytes
 from stepstream.ingest.lag import LagPoller
 from stepstream.pipeline.ledger import Ledger
 from stepstream.ingest.stopping import StopDeadline, flush_logs, stopping_services, waiting_threads
@@ -53,7 +56,6 @@ from stepstream.sinks import open_deep_store, open_step_store
 
 log = logging.getLogger(__name__)
 
-DETAIL_CHARS = 500  # the stepstream-detail header, scrubbed (core.redact.scrub)
 EXIT_STORE_FAILED = 70  # EX_SOFTWARE: the stores failed under the fault policy; Kafka rewinds
 COMMIT_TIMEOUT_SECONDS = 5.0  # a commit on revocation or shutdown; past it the next owner re-reads
 # A fetch asks each partition for at most this much (a larger first record batch still
@@ -84,12 +86,16 @@ class IngestWorker:
     def __init__(self, settings: Settings, metrics: Metrics, dlq_topic: Any) -> None:
         self.settings = settings
         self.metrics = metrics
-        self._dlq = dlq_topic
         self.lock = asyncio.Lock()
         self.ledger = Ledger()
         self.pipeline: Pipeline | None = None
         self._stores: list[Any] = []
-        self._dead_letters: list[tuple[Any, str]] = []  # (broker future, reason)
+        self.dead_letters = DeadLetters(
+            dlq_topic,
+            max_event_bytes=settings.max_event_bytes,
+            budget_seconds=settings.store_retry_seconds,
+            confirmed=lambda reason: metrics.dead_letters.labels(reason).inc(),
+        )
         self.assigned = False
         self.closed = False
         self.processed = 0
@@ -121,7 +127,7 @@ class IngestWorker:
             max_open_runs=self.settings.max_open_runs,
             max_hold_seconds=self.settings.max_hold_seconds,
             retry_seconds=self.settings.store_retry_seconds,
-            before_durable=self._confirm_dead_letters,
+            before_durable=self.dead_letters.confirm,
         )
         self.metrics.store_available.set(1)
 
@@ -166,6 +172,9 @@ class IngestWorker:
                         skipped = True
             except StoreFailed as exc:
                 die("the stores failed", exc)
+            except Exception as exc:  # noqa: BLE001 - a graceful stop would commit past what was not handled
+                log.exception("handling a fetch failed")
+                die("handling a fetch failed", exc)
             finally:
                 pipeline.unstage()  # states loaded for partitions not delivered are not kept
         return skipped
@@ -234,27 +243,10 @@ class IngestWorker:
                     ledger.delivered(tp, good[i + 1][1].offset, end)
 
     async def _dead_letter(self, record: Any, reason: str, detail: str) -> None:
-        detail = scrub(detail, DETAIL_CHARS)  # names the field and the reason; never a credential
-        headers = [
-            ("stepstream-reason", reason.encode()),
-            ("stepstream-detail", detail.encode("utf-8", "replace")),
-            ("stepstream-source", f"{record.topic}/{record.partition}/{record.offset}".encode()),
-        ]
-        headers.extend((k, v) for k, v in (record.headers or ()) if not k.startswith("stepstream-"))
-        future = await self._dlq.send(key=record.key, value=record.value, headers=headers)
-        self._dead_letters.append((future, reason))
+        # Raises DeadLetterFailed (a StoreFailed) when the copy cannot be sent: on_records exits.
+        await self.dead_letters.send(record, reason, detail)
         assert self.pipeline is not None
         self.pipeline.settle()
-        log.warning(
-            "dead letter %s/%s@%s: %s: %s", record.topic, record.partition, record.offset, reason, scrub(detail, 200)
-        )
-
-    async def _confirm_dead_letters(self) -> None:
-        """Wait until the broker holds every dead-letter copy of the batch being sealed."""
-        pending, self._dead_letters = self._dead_letters, []
-        for future, reason in pending:
-            await future
-            self.metrics.dead_letters.labels(reason).inc()
 
     # -- timers, rebalances, shutdown ---------------------------------------------
 
@@ -265,6 +257,9 @@ class IngestWorker:
                     await self.pipeline.tick()
                 except StoreFailed as exc:
                     die("the stores failed", exc)
+                except Exception as exc:  # noqa: BLE001 - never a crash that a graceful stop follows
+                    log.exception("the batch timer failed")
+                    die("the batch timer failed", exc)
 
     async def revoked(self, consumer: Any, tps: set[Any]) -> None:
         """Write what is batched, commit it, then drop the revoked partitions' runs."""
@@ -275,7 +270,7 @@ class IngestWorker:
                 return
             try:
                 await self.pipeline.flush()
-            except StoreFailed as exc:
+            except Exception as exc:  # noqa: BLE001 - StoreFailed or not, the batch did not land
                 die("the stores failed", exc)
             log.info("revoked %s at watermarks %s", tps, {str(tp): self.ledger.watermark(tp) for tp in tps})
             try:
@@ -295,7 +290,7 @@ class IngestWorker:
             if self.pipeline is not None:
                 try:
                     await self.pipeline.flush()
-                except StoreFailed as exc:
+                except Exception as exc:  # noqa: BLE001 - StoreFailed or not, the batch did not land
                     die("the stores failed during shutdown", exc)
             for store in self._stores:
                 await store.close()
@@ -345,6 +340,9 @@ def create_app(settings: Settings, metrics: Metrics | None = None) -> faust.App:
         topic_disable_leader=True,
         consumer_auto_offset_reset="earliest",
         consumer_max_fetch_size=FETCH_PARTITION_BYTES,
+        # Above the largest dead-letter copy (ingest/dead_letters.py); faust's default
+        # (1,000,000) is below max_event_bytes.
+        producer_max_request_size=max_request_bytes(settings.max_event_bytes),
         stream_wait_empty=False,
         broker_commit_interval=1.0,
         broker_session_timeout=settings.session_timeout_seconds,
@@ -437,8 +435,9 @@ def _still_stopping(app: faust.App) -> str:
 
 async def ensure_topics(settings: Settings) -> None:
     """Create the raw and dead-letter topics with the configured partition count and
-    replication factor (faust does not create source topics); an existing topic is
-    left as it is."""
+    replication factor (faust does not create source topics), the dead-letter topic
+    with ``max.message.bytes`` above its largest copy; an existing topic is left as it
+    is (a copy it refuses for its size is sent bounded: ingest/dead_letters.py)."""
     from aiokafka.admin import AIOKafkaAdminClient, NewTopic
     from aiokafka.errors import TopicAlreadyExistsError
 
@@ -446,8 +445,14 @@ async def ensure_topics(settings: Settings) -> None:
     await admin.start()
     try:
         existing = set(await admin.list_topics())
+        configs = {settings.topic: {}, settings.dlq: {"max.message.bytes": str(max_request_bytes(settings.max_event_bytes))}}
         wanted = [
-            NewTopic(name, num_partitions=settings.partitions, replication_factor=settings.replication_factor)
+            NewTopic(
+                name,
+                num_partitions=settings.partitions,
+                replication_factor=settings.replication_factor,
+                topic_configs=configs[name],
+            )
             for name in (settings.topic, settings.dlq)
             if name not in existing
         ]

@@ -19,7 +19,9 @@ records and fold states; one transaction on SQLite) and marks it durable.
 Contracts:
 
 * **Never a fold ahead of the store.** A batch is written whole, retried in place, or
-  the process stops (:class:`StoreFailed`); no batch is dropped while folds moved on.
+  the process stops (:class:`StoreFailed`, whatever the write path raised, the
+  dead-letter confirmation included); no batch is dropped while folds moved on, and a
+  failed write stays failed, so nothing later is written ahead of it.
 * **Group commit.** A batch is written when it holds ``batch_records`` (records
   consumed plus rows made) or is ``batch_seconds`` old; while the previous write is
   still in flight it goes on growing, up to ``GROWTH`` times ``batch_records``.

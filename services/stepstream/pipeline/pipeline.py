@@ -285,21 +285,24 @@ class Pipeline:
             await self.wait_written()
 
     async def wait_written(self) -> None:
-        """Wait for the write in flight, if any (raises what it raised)."""
+        """Wait for the write in flight, if any. A write that failed stays failed: its
+        :class:`StoreFailed` is raised again by every later call (and so by every later
+        :meth:`flush` and :meth:`tick`), so no later batch is ever written ahead of it."""
         task = self._inflight
-        if task is not None:
-            try:
-                await asyncio.shield(task)
-            finally:
-                if task.done():
-                    self._inflight = None
+        if task is None:
+            return
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if task.cancelled():
+                raise StoreFailed("the batch write was cancelled before it landed") from None
+            raise
+        self._inflight = None
 
     async def _write(self, batch: RowBatch, sealed: Any) -> None:
         # ``_writing`` stays this batch until the next flush: a run loaded while it was in
         # flight skipped the store for it, and must still find its state here afterwards.
-        if self._before_durable is not None:
-            await self._before_durable()
-        skipped = await self.writer.write(batch) if batch.has_rows else []
+        skipped = await self.writer.write(batch, before=self._before_durable)
         if sealed is not None:
             self.ledger.durable(sealed)  # type: ignore[union-attr]
         self._after_write(batch, skipped)

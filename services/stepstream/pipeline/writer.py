@@ -13,9 +13,22 @@ that hangs past the budget,    replays from there.
 or any other exception
 =============================  =============================================================
 
+A batch's write path starts with ``before`` (the worker's confirmation that the broker
+holds the batch's dead-letter copies, :mod:`stepstream.ingest.dead_letters`): any
+exception there is a :class:`StoreFailed` too, and the stores are not written.
+
 A retried batch is written whole again (deep rows, then steps, run records and
 states): every write is idempotent, so a write that landed but reported failure is
 absorbed. Never is a batch dropped while the folds stay ahead of the store.
+
+**Health follows each call that retries** (:meth:`BatchWriter.healthy`, the worker's
+``/ready`` and ``stepstream_store_available``): ``available`` is false while any write
+or read is being retried, and only that call's own success clears its part. So a state
+read that succeeds while a batch write is still retried does not make the stores look
+available; a read that is retried while no write is in flight does make them look
+unavailable (the folds wait on it). A call that gives up (:class:`StoreFailed`) leaves
+them unavailable: the process is stopping. A write counts as in progress (for the stall
+check) from the start of ``before`` on.
 """
 
 from __future__ import annotations
@@ -69,20 +82,46 @@ class BatchWriter:
         self._retry_seconds = retry_seconds
         self._clock = clock
         self._sleep = sleep
-        self.available = True
+        self._retrying_calls = 0  # writes and reads being retried (or given up)
         self.batches = 0
         self.writing_since: float | None = None  # clock() when the write in progress began
 
+    @property
+    def available(self) -> bool:
+        """No store call is being retried (module docstring)."""
+        return self._retrying_calls == 0
+
     def healthy(self, stall_seconds: float = 5.0) -> bool:
-        """Whether the stores take writes: the last write succeeded and the one in
-        progress (if any) has not been running for ``stall_seconds``."""
+        """Whether batches get written: no store call is being retried, and the write in
+        progress (if any, counted from the start of its ``before``) has not been running
+        for ``stall_seconds``."""
         since = self.writing_since
         return self.available and (since is None or self._clock() - since < stall_seconds)
 
-    async def write(self, batch: RowBatch) -> list[RunKey]:
-        """Write ``batch`` (deep rows first); returns the runs the step store refused as
-        stale. Raises :class:`StoreFailed` when the policy gives up."""
+    async def write(self, batch: RowBatch, before: Callable[[], Awaitable[None]] | None = None) -> list[RunKey]:
+        """Await ``before``, then write ``batch`` (deep rows first, nothing when it has no
+        rows); returns the runs the step store refused as stale. Raises
+        :class:`StoreFailed` when the policy gives up or ``before`` raised anything."""
         self.writing_since = self._clock()
+        try:
+            if before is not None:
+                await self._before(before)
+            if not batch.has_rows:
+                return []
+            return await self._write(batch)
+        finally:
+            self.writing_since = None
+
+    @staticmethod
+    async def _before(before: Callable[[], Awaitable[None]]) -> None:
+        try:
+            await before()
+        except StoreFailed:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the batch cannot be made durable: stop
+            raise StoreFailed(f"the batch could not be confirmed: {exc!r}") from exc
+
+    async def _write(self, batch: RowBatch) -> list[RunKey]:
         timings: list[float] = []
 
         async def attempt(deadline: float) -> Any:
@@ -98,10 +137,7 @@ class BatchWriter:
             timings[:] = [deep_done - started, time.perf_counter() - deep_done]
             return skipped
 
-        try:
-            skipped = await self._retrying(attempt)
-        finally:
-            self.writing_since = None
+        skipped = await self._retrying(attempt)
         self.batches += 1
         m = self._metrics
         if m is not None:
@@ -120,6 +156,7 @@ class BatchWriter:
     async def _retrying(self, attempt: Callable[[float], Awaitable[T]]) -> T:
         deadline = self._clock() + self._retry_seconds
         delay = 0.05
+        retried = False
         while True:
             try:
                 result = await attempt(deadline)
@@ -135,14 +172,17 @@ class BatchWriter:
                     raise StoreFailed(
                         f"{sink} store unavailable for more than {self._retry_seconds:g}s: {exc}"
                     ) from exc
-                self._set_available(False)
+                if not retried:
+                    retried = True
+                    self._count_retrying(+1)
                 if self._metrics is not None:
                     self._metrics.store_retries.labels(sink).inc()
                 log.warning("%s store unavailable, retrying in %.2fs: %s", sink, delay, exc)
                 await self._sleep(delay)
                 delay = min(delay * 2, 2.0)
                 continue
-            self._set_available(True)
+            if retried:
+                self._count_retrying(-1)
             return result
 
     async def _bounded(self, call: Awaitable[T], deadline: float, sink: str) -> T:
@@ -155,10 +195,9 @@ class BatchWriter:
         except Exception as exc:
             raise _StoreError(sink, exc) from exc
 
-    def _set_available(self, available: bool) -> None:
-        if available != self.available:
-            self.available = available
-            if available:
-                log.warning("stores are writable again")
+    def _count_retrying(self, change: int) -> None:
+        self._retrying_calls += change
+        if change < 0 and self.available:
+            log.warning("stores are available again")
         if self._metrics is not None:
-            self._metrics.store_available.set(1 if available else 0)
+            self._metrics.store_available.set(1 if self.available else 0)
