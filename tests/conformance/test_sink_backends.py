@@ -134,8 +134,9 @@ async def test_sqlite_relative_path(tmp_path: Path, monkeypatch: pytest.MonkeyPa
 
 
 async def test_mongodb_purge_between_read_and_write_is_not_undone(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The MongoDB deep store merges positional reasoning by read-modify-write; a
-    purge landing between its read and its write must not bring the text back."""
+    """The MongoDB deep store merges positional reasoning onto the text it read; a
+    purge landing between its read and its write must not bring the text back (its
+    conditional write misses, and the read again finds the row gone)."""
     base = os.environ.get(MONGO_ENV)
     if not base:
         pytest.fail(f"{MONGO_ENV} is not set: run the suite via `make test`, which starts FerretDB")
@@ -147,13 +148,17 @@ async def test_mongodb_purge_between_read_and_write_is_not_undone(monkeypatch: p
         await writer.write([deep(0, kind="thinking", reasoning="s3cr3t head ")])
         read = MongoDeepStore._stored_reasoning
 
-        async def read_then_purge(self: MongoDeepStore, deeps: list) -> dict:
-            stored = await read(self, deeps)
-            assert await purger.purge_run(COMPANY, "r1") == 1
+        purged: list[int] = []
+
+        async def read_then_purge(self: MongoDeepStore, keys: list) -> dict:
+            stored = await read(self, keys)
+            if not purged:  # after the batch's read, not after the read again
+                purged.append(await purger.purge_run(COMPANY, "r1"))
             return stored
 
         monkeypatch.setattr(MongoDeepStore, "_stored_reasoning", read_then_purge)
         await writer.write([deep(0, kind="thinking", reasoning="tail", reasoning_offset=12)])
+        assert purged == [1]
         assert await writer.get_deep(COMPANY, "r1") == []
         monkeypatch.undo()
         await writer.write([deep(0, kind="thinking", reasoning="more", reasoning_offset=16)])

@@ -184,8 +184,8 @@ async def test_racing_owners_never_move_a_state_backwards(
             assert (await store.get_run(COMPANY, "r1")).step_count == top
 
 
-# Three consecutive chunks of one thinking step (astral characters: offsets count code points).
-CHUNKS = ("AAAA\U0001f9e0", "BBBB\U0001f9e0", "CCCC\U0001f9e0")
+# Consecutive chunks of one thinking step (astral characters: offsets count code points).
+CHUNKS = tuple(f"{letter * 4}\U0001f9e0" for letter in "ABCD")
 
 
 def _chunk(k: int) -> DeepRecord:
@@ -193,58 +193,58 @@ def _chunk(k: int) -> DeepRecord:
     return deep(0, kind="thinking", reasoning=CHUNKS[k], reasoning_offset=offset, at=k)
 
 
-@pytest.mark.parametrize("stored", [True, False], ids=["row-stored", "row-new"])
+# (chunks stored before, the stale writer's chunk, the new owner's chunks meanwhile)
+STALE_CASES = {
+    "replay": ([0], 0, [1]),  # it rewrites chunk 0, the new owner wrote chunk 1 since
+    "extend": ([0], 1, [1, 2]),  # it writes chunk 1, the new owner wrote chunks 1 and 2 since
+    "new-row": ([], 0, [0, 1]),  # it found no row, the new owner created it since
+}
+
+
+@pytest.mark.parametrize("case", STALE_CASES)
 async def test_a_stale_write_of_an_earlier_chunk_never_erases_a_newer_one(
-    deep_store: DeepStore, late_writer: LateWriter, stored: bool
+    deep_store: DeepStore, late_writer: LateWriter, case: str
 ) -> None:
     """The zombie: a former owner of the run, paused past its session timeout, writes
-    chunk 0 of a thinking step again. Its write read the row before the new owner
-    wrote chunk 1 (``row-stored``: the row held chunk 0; ``row-new``: it did not
-    exist yet) and writes after it. Chunk 1 survives, chunk 2 lands after it, and
-    the text is what one uninterrupted writer leaves."""
-    if stored:
-        await deep_store.write([_chunk(0)])
+    an earlier chunk of a thinking step. Its write read the row before the new owner
+    wrote newer chunks and writes after them (held between the two where the backend
+    has a window). The newer chunks survive, the next chunk lands after them, and the
+    text is what one uninterrupted writer leaves. (Without a conditional write, the
+    ``replay`` case stored ``AAAA…CCCC…``: chunk 1 erased and chunk 2 after the hole.)"""
+    before, stale, meanwhile = STALE_CASES[case]
+    if before:
+        await deep_store.write([_chunk(k) for k in before])
     zombie = await late_writer.deep()
     pause = late_writer.pause("run_step_details")
-    await pause.hold(lambda: zombie.write([_chunk(0)]))
-    await deep_store.write([_chunk(0), _chunk(1)] if not stored else [_chunk(1)])
+    await pause.hold(lambda: zombie.write([_chunk(stale)]))
+    await deep_store.write([_chunk(k) for k in meanwhile])
     await pause.release()
-    await deep_store.write([_chunk(2)])
+    after = meanwhile[-1] + 1
+    await deep_store.write([_chunk(after)])
     for store in (deep_store, zombie):
         [row] = await store.get_deep(COMPANY, "r1")
-        assert row.reasoning == "".join(CHUNKS)
+        assert row.reasoning == "".join(CHUNKS[: after + 1])
 
 
 @pytest.mark.requires("atomic_reasoning")  # a race lost only sometimes: no strict xfail can hold it
 async def test_racing_writers_of_one_thinking_step_never_lose_a_chunk(
     deep_store: DeepStore, late_writer: LateWriter
 ) -> None:
-    """The new owner writes a thinking step chunk by chunk while the old one writes
-    chunks the new owner already wrote again, at the same time: whatever the
-    interleaving, no chunk is lost."""
+    """Two owners of one run write the same thinking step chunk by chunk at the same
+    time, the old one a little behind: whatever the interleaving, no chunk is lost
+    (a chunk written from a row read just before the other writer's newer chunk
+    must not land over it)."""
     owner, zombie = deep_store, await late_writer.deep()
     chunks = [f"<{i}:\U0001f9e0>" for i in range(24)]
     offsets = [sum(len(c) for c in chunks[:i]) for i in range(len(chunks))]
-    written = 0
     rng = random.Random(3)
 
-    def write(k: int) -> DeepRecord:
-        return deep(0, kind="thinking", reasoning=chunks[k], reasoning_offset=offsets[k], at=k)
+    async def write_all(store: DeepStore, lag: float) -> None:
+        for k, (chunk, offset) in enumerate(zip(chunks, offsets, strict=True)):
+            await store.write([deep(0, kind="thinking", reasoning=chunk, reasoning_offset=offset, at=k)])
+            await asyncio.sleep(rng.random() * lag)
 
-    async def new_owner() -> None:
-        nonlocal written
-        for k in range(len(chunks)):
-            await owner.write([write(k)])
-            written = k + 1
-            await asyncio.sleep(0)
-
-    async def old_owner() -> None:
-        while written < len(chunks):
-            if written:
-                await zombie.write([write(rng.randrange(written))])
-            await asyncio.sleep(0)
-
-    await asyncio.gather(new_owner(), old_owner())
+    await asyncio.gather(write_all(owner, 0.0), write_all(zombie, 0.004))
     for store in (owner, zombie):
         [row] = await store.get_deep(COMPANY, "r1")
         assert row.reasoning == "".join(chunks)

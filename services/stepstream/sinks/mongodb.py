@@ -519,25 +519,37 @@ class _RowWrite:
         self.ts = ts
         self.chunks: list[tuple[int, str]] = []
 
-    def _fields_over(self, seen: _Seen | None) -> dict[str, Any]:
-        if not self.chunks:
-            return self.fields
-        text = seen.reasoning if seen is not None else None
+    def text_over(self, stored: str | None) -> str | None:
+        """The text after this batch's chunks land on ``stored`` (``apply_reasoning``)."""
         for offset, chunk in self.chunks:
-            text = apply_reasoning(text, offset, chunk)
-        return {**self.fields, "reasoning": text, REASONING_VERSION: ObjectId()}
+            stored = apply_reasoning(stored, offset, chunk)
+        return stored
 
-    def update(self, seen: _Seen | None) -> dict[str, Any]:
-        """The update of a stored row whose reasoning was ``seen``."""
-        fields = self._fields_over(seen)
+    def update(self, fields: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The update of a stored row: ``fields`` (default: the batch's, no text)
+        ``$set``, ``ts`` the latest, ``clipped`` false if new."""
+        fields = self.fields if fields is None else fields
         update: dict[str, Any] = {"$set": fields, "$max": {"ts": self.ts}}
         if "clipped" not in fields:
             update["$setOnInsert"] = {"clipped": False}
         return update
 
+    def write_over(self, _id: str, seen: _Seen) -> tuple[dict[str, Any], dict[str, Any]]:
+        """``(filter, update)`` of a stored row whose reasoning was ``seen``: the merged
+        text and a new version, on condition that the row still holds what was seen;
+        where the chunks change nothing (a replay), the other fields alone, and the
+        stored text keeps its version (so a writer that read it too still matches)."""
+        text = self.text_over(seen.reasoning)
+        if text == seen.reasoning:
+            return {"_id": _id}, self.update()
+        fields = {**self.fields, "reasoning": text, REASONING_VERSION: ObjectId()}
+        return _reasoning_filter(_id, seen), self.update(fields)
+
     def document(self, _id: str) -> dict[str, Any]:
         """The document its update creates where no row is stored."""
-        fields = self._fields_over(None)
+        fields = self.fields
+        if self.chunks:
+            fields = {**fields, "reasoning": self.text_over(None), REASONING_VERSION: ObjectId()}
         return {"_id": _id, **fields, "ts": self.ts, "clipped": fields.get("clipped", False)}
 
 
@@ -837,7 +849,7 @@ class MongoDeepStore:
             updated = [key for key in rows if key in stored] + [fresh[i] for i in taken]
             await self._conn.bulk(
                 "run_step_details",
-                [UpdateOne({"_id": row_id(*key)}, rows[key].update(None), upsert=True)
+                [UpdateOne({"_id": row_id(*key)}, rows[key].update(), upsert=True)
                  for key in updated if not rows[key].chunks],
             )  # fmt: skip
             texts = {key: rows[key] for key in updated if rows[key].chunks}
@@ -847,7 +859,9 @@ class MongoDeepStore:
     async def _write_reasoning(self, rows: dict[StepKey, _RowWrite], seen: dict[StepKey, _Seen]) -> None:
         """Each row's update, its text merged from the text ``seen`` and written only
         if the row still holds that text (its ``reasoning_version`` token, or the text
-        itself for a row without one): one ``update_one`` per row. A row whose
+        itself for a row without one): one ``update_one`` per row
+        (:meth:`_RowWrite.write_over`; chunks that change nothing, as a replay's, write
+        the other fields alone, unconditionally). A row whose
         condition missed (another writer changed it since the read) is read again and
         merged again; a row ``seen`` lacks (its insert found the ``_id`` taken) is read
         first. A row the read finds gone was purged since the batch read it: its
@@ -864,7 +878,7 @@ class MongoDeepStore:
                 return
             missed = await self._conn.update_each(
                 "run_step_details",
-                [(_reasoning_filter(row_id(*key), seen[key]), rows[key].update(seen[key])) for key in pending],
+                [rows[key].write_over(row_id(*key), seen[key]) for key in pending],
             )
             unread, pending = [pending[i] for i in missed], []
         if unread:
