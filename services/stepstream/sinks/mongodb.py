@@ -91,12 +91,24 @@ FerretDB 1.x rejects pipeline updates, so the adapter reads the stored reasoning
 of the rows the batch writes (one query, which also tells which rows exist) and
 ``$set`` s the text ``core.merge.apply_reasoning`` makes of it (the one
 definition of the rule).
-That is a read-modify-write: correct because one run is written by one worker at
-a time (Kafka partitioning) and this store serialises its own deep writes. A row
-whose stored text was merged is then updated without upsert, and no text is
-cached between batches, so a purge from another process that lands between the
-read and the write is never undone (that row's write is dropped, as if the purge
-came just after it).
+
+**That write is conditional on what was read**, because a run can have two
+writers: a former partition owner's late batch and the new owner's. Every write
+of a row's text also sets ``reasoning_version`` to a fresh ``ObjectId``, and the
+update of a stored row matches only ``{_id, reasoning_version: <read>}`` (for a
+row without one, the read text itself: ``reasoning: <read or null>``), without
+upsert, one ``update_one`` per row (a bulk says how many matched, not which). A
+write that matched nothing is read again, merged again and retried (up to
+:data:`REASONING_ATTEMPTS` rounds, then :class:`SinkUnavailable`); so is a row
+whose insert found the ``_id`` taken. Unconditional, the late rewrite of chunk 0
+erased the newer chunk 1 and chunk 2 was then appended after the hole. Chunks
+that change nothing (a replay) write the other fields alone and keep the version.
+A row the read again finds gone was purged since: its write is dropped, as if the
+purge came just after it, so a purge from another process is never undone. On
+MongoDB the condition is atomic per document; FerretDB 1.24 evaluates it on a
+read outside the transaction that writes (``capabilities.atomic_reasoning`` is
+false there): a write that comes after another still sees it, two at the same
+instant can both pass.
 
 **FerretDB 1.24 deadlock.** Its update handler keeps the SQLite cursor of every
 matching statement open until the whole ``update`` command ends, and its pool
@@ -757,7 +769,7 @@ class MongoStepStore:
 
 class MongoDeepStore:
     """Deep rows in ``run_step_details``; clipped at the port; see the module doc
-    for the read-modify-write of positional reasoning."""
+    for the conditional write of positional reasoning."""
 
     capabilities = CAPABILITIES
 
