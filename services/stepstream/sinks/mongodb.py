@@ -97,10 +97,9 @@ writers: a former partition owner's late batch and the new owner's. Every write
 of a row's text also sets ``reasoning_version`` to a fresh ``ObjectId``, and the
 update of a stored row matches only ``{_id, reasoning_version: <read>}`` (for a
 row without one, the read text itself: ``reasoning: <read or null>``), without
-upsert, in the batch's unordered bulks. A bulk says how many matched, not which:
-when it falls short, its rows are read again, merged again and written again (a
-row whose write landed then merges to no change), up to
-:data:`REASONING_ATTEMPTS` rounds, then :class:`SinkUnavailable`; so is a row
+upsert, one ``update_one`` per row (a bulk says how many matched, not which). A
+write that matched nothing is read again, merged again and retried (up to
+:data:`REASONING_ATTEMPTS` rounds, then :class:`SinkUnavailable`); so is a row
 whose insert found the ``_id`` taken. Unconditional, the late rewrite of chunk 0
 erased the newer chunk 1 and chunk 2 was then appended after the hole. Chunks
 that change nothing (a replay) write the other fields alone and keep the version.
@@ -140,7 +139,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from contextlib import asynccontextmanager, nullcontext
+from contextlib import asynccontextmanager
 from typing import Any, NamedTuple
 
 import msgspec
@@ -365,22 +364,21 @@ class _Connection:
             for start in range(0, len(ops), FERRETDB_UPDATES_PER_COMMAND):
                 await self[collection].bulk_write(ops[start : start + FERRETDB_UPDATES_PER_COMMAND], ordered=False)
 
-    async def update_matching(self, collection: str, updates: list[tuple[dict[str, Any], dict[str, Any]]]) -> list[int]:
-        """``UpdateOne(where, update)`` (no upsert) for each, in unordered bulks as
-        :meth:`bulk` sends them; returns the indexes of the updates that may have
-        matched nothing: a bulk reports how many matched, not which, so every update
-        of a command whose count falls short (usually none)."""
+    async def update_each(self, collection: str, updates: list[tuple[dict[str, Any], dict[str, Any]]]) -> list[int]:
+        """``update_one(where, update)`` (no upsert) for each; returns the indexes of
+        those that matched no document. A bulk reports how many matched, not which
+        (and a retry of a whole bulk would write again the rows whose write landed),
+        so each is a command of its own: all at once on MongoDB, one at a time on
+        FerretDB (see :meth:`bulk`)."""
         found = self[collection]
-        ops = [UpdateOne(where, update) for where, update in updates]
-        size = FERRETDB_UPDATES_PER_COMMAND if self.ferretdb else max(len(ops), 1)
-        short: list[int] = []
-        async with self._bulk_lock if self.ferretdb else nullcontext():
-            for start in range(0, len(ops), size):
-                command = ops[start : start + size]
-                result = await found.bulk_write(command, ordered=False)
-                if result.matched_count < len(command):
-                    short.extend(range(start, start + len(command)))
-        return short
+        if self.ferretdb:
+            results = []
+            async with self._bulk_lock:
+                for where, update in updates:
+                    results.append(await found.update_one(where, update))
+        else:
+            results = await _gather(*(found.update_one(where, update) for where, update in updates))
+        return [index for index, result in enumerate(results) if result.matched_count == 0]
 
     async def replace_unless_ahead(self, collection: str, writes: list[tuple[str, int, dict[str, Any]]]) -> list[int]:
         """``ReplaceOne({_id, last_seq: {$not: {$gte: seq}}}, doc, upsert)`` for each
@@ -875,15 +873,13 @@ class MongoDeepStore:
         """Each row's update, its text merged from the text ``seen`` and written only
         if the row still holds that text (its ``reasoning_version`` token, or the text
         itself for a row without one; :meth:`_RowWrite.write_over`: chunks that change
-        nothing, as a replay's, write the other fields alone, unconditionally), in
-        bulks. The rows of a bulk that matched fewer rows than it wrote (another
-        writer changed one since the read) are read again and written again: a row
-        whose write landed now merges to no change and only sets its other fields
-        again, the others merge onto the newer text. A row ``seen`` lacks (its insert
-        found the ``_id`` taken) is read first. A row the read finds gone was purged
-        since the batch read it: its write is dropped, as if the purge came just after
-        it. Gives up, retriable, after :data:`REASONING_ATTEMPTS` rounds that all
-        fell short."""
+        nothing, as a replay's, write the other fields alone, unconditionally), one
+        ``update_one`` per row. A row whose write matched nothing (another writer
+        changed it since the read) is read again and its chunks merged onto the newer
+        text; a row ``seen`` lacks (its insert found the ``_id`` taken) is read first.
+        A row the read finds gone was purged since the batch read it: its write is
+        dropped, as if the purge came just after it. Gives up, retriable, after
+        :data:`REASONING_ATTEMPTS` rounds that all missed."""
         unread = [key for key in rows if key not in seen]
         pending = [key for key in rows if key in seen]
         for _ in range(REASONING_ATTEMPTS):
@@ -893,7 +889,7 @@ class MongoDeepStore:
                 pending += [key for key in unread if key in found]
             if not pending:
                 return
-            missed = await self._conn.update_matching(
+            missed = await self._conn.update_each(
                 "run_step_details",
                 [rows[key].write_over(row_id(*key), seen[key]) for key in pending],
             )
