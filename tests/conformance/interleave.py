@@ -60,9 +60,8 @@ class WireGate:
         self._target = urlsplit(target_url)
         self._server: asyncio.Server | None = None
         self._armed: str | None = None
-        self._held = asyncio.Event()
-        self._go = asyncio.Event()
-        self._task: asyncio.Task[Any] | None = None
+        self.held = asyncio.Event()  # set when an armed message is being held
+        self.go = asyncio.Event()  # set to let it through
         self._pipes: set[asyncio.Task[None]] = set()
         self.url = ""
 
@@ -73,7 +72,7 @@ class WireGate:
         return self
 
     async def close(self) -> None:
-        self._go.set()
+        self.go.set()
         if self._server is not None:
             self._server.close()
         for pipe in list(self._pipes):
@@ -86,31 +85,12 @@ class WireGate:
     def arm(self, collection: str) -> None:
         """Hold the next ``insert`` or ``update`` of ``collection`` (one message, once)."""
         self._armed = collection
-        self._held.clear()
-        self._go.clear()
+        self.held.clear()
+        self.go.clear()
 
     def pause(self, collection: str) -> Pause:
         """A :class:`Pause` holding the late write's first write of ``collection``."""
-        gate = self
-
-        class _Held:
-            async def hold(self, write: Callable[[], Awaitable[Any]]) -> None:
-                gate.arm(collection)
-                gate._task = asyncio.ensure_future(write())
-                held = asyncio.ensure_future(gate._held.wait())
-                await asyncio.wait({gate._task, held}, timeout=60, return_when=asyncio.FIRST_COMPLETED)
-                if not held.done():
-                    held.cancel()
-                    if gate._task.done():
-                        gate._task.result()  # its error, if it failed
-                    raise AssertionError(f"the late write finished without writing {collection}")
-
-            async def release(self) -> Any:
-                assert gate._task is not None
-                gate._go.set()
-                return await asyncio.wait_for(gate._task, 60)
-
-        return _Held()
+        return WirePause(self, collection)
 
     async def _connected(self, client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
         host, port = self._target.hostname or "127.0.0.1", self._target.port or 27017
@@ -135,10 +115,36 @@ class WireGate:
                 message = header + await reader.readexactly(length - 16)
                 if inspect and self._armed is not None and _command(message) in _writes(self._armed):
                     self._armed = None
-                    self._held.set()
-                    await self._go.wait()
+                    self.held.set()
+                    await self.go.wait()
                 writer.write(message)
                 await writer.drain()
+
+
+class WirePause:
+    """:class:`Pause` on the wire: the late write runs as a task until the gate holds
+    its first write of ``collection``."""
+
+    def __init__(self, gate: WireGate, collection: str) -> None:
+        self._gate, self._collection = gate, collection
+        self._task: asyncio.Task[Any] | None = None
+
+    async def hold(self, write: Callable[[], Awaitable[Any]]) -> None:
+        self._gate.arm(self._collection)
+        self._task = task = asyncio.ensure_future(write())
+        held = asyncio.ensure_future(self._gate.held.wait())
+        await asyncio.wait({task, held}, timeout=60, return_when=asyncio.FIRST_COMPLETED)
+        if not held.done():
+            held.cancel()
+            if task.done():
+                task.result()  # its error, if it failed
+            task.cancel()
+            raise AssertionError(f"the late write was not held at a write of {self._collection}")
+
+    async def release(self) -> Any:
+        assert self._task is not None
+        self._gate.go.set()
+        return await asyncio.wait_for(self._task, 60)
 
 
 def _writes(collection: str) -> tuple[tuple[str, str], ...]:
