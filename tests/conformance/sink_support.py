@@ -56,3 +56,14 @@ async def drop_database(url: str) -> None:
         await client.drop_database(client.get_default_database())
     finally:
         await client.close()
+
+
+async def is_ferretdb(url: str) -> bool:
+    """Whether the server at ``url`` is FerretDB (its ``buildInfo`` says so)."""
+    from pymongo import AsyncMongoClient
+
+    client: AsyncMongoClient = AsyncMongoClient(url)
+    try:
+        return "ferretdbVersion" in await client.admin.command("buildInfo")
+    finally:
+        await client.close()

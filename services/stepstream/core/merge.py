@@ -7,7 +7,8 @@ each backend's rows with them):
 * SQLite keeps ``None`` bodies in SQL (``coalesce``) and splices every other
   reasoning write with :func:`apply_reasoning`, registered on its connection as
   the SQL function ``stepstream_splice``;
-* MongoDB reads the stored reasoning and ``$set`` s :func:`apply_reasoning` of it;
+* MongoDB reads the stored reasoning and ``$set`` s :func:`apply_reasoning` of it,
+  on condition that the row still holds what it read (retried on a miss);
 * the pipeline's batch coalesces two writes of one row with :func:`merge_deep`,
   which is *defined* as the one write equal to applying both in order.
 

@@ -91,12 +91,24 @@ FerretDB 1.x rejects pipeline updates, so the adapter reads the stored reasoning
 of the rows the batch writes (one query, which also tells which rows exist) and
 ``$set`` s the text ``core.merge.apply_reasoning`` makes of it (the one
 definition of the rule).
-That is a read-modify-write: correct because one run is written by one worker at
-a time (Kafka partitioning) and this store serialises its own deep writes. A row
-whose stored text was merged is then updated without upsert, and no text is
-cached between batches, so a purge from another process that lands between the
-read and the write is never undone (that row's write is dropped, as if the purge
-came just after it).
+
+**That write is conditional on what was read**, because a run can have two
+writers: a former partition owner's late batch and the new owner's. Every write
+of a row's text also sets ``reasoning_version`` to a fresh ``ObjectId``, and the
+update of a stored row matches only ``{_id, reasoning_version: <read>}`` (for a
+row without one, the read text itself: ``reasoning: <read or null>``), without
+upsert, one ``update_one`` per row (a bulk says how many matched, not which). A
+write that matched nothing is read again, merged again and retried (up to
+:data:`REASONING_ATTEMPTS` rounds, then :class:`SinkUnavailable`); so is a row
+whose insert found the ``_id`` taken. Unconditional, the late rewrite of chunk 0
+erased the newer chunk 1 and chunk 2 was then appended after the hole. Chunks
+that change nothing (a replay) write the other fields alone and keep the version.
+A row the read again finds gone was purged since: its write is dropped, as if the
+purge came just after it, so a purge from another process is never undone. On
+MongoDB the condition is atomic per document; FerretDB 1.24 evaluates it on a
+read outside the transaction that writes (``capabilities.atomic_reasoning`` is
+false there): a write that comes after another still sees it, two at the same
+instant can both pass.
 
 **FerretDB 1.24 deadlock.** Its update handler keeps the SQLite cursor of every
 matching statement open until the whole ``update`` command ends, and its pool
@@ -128,7 +140,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 
@@ -155,6 +167,7 @@ from stepstream.sinks.semantics import (
 
 try:
     import pymongo
+    from bson import ObjectId
     from pymongo import AsyncMongoClient, ReplaceOne, UpdateOne
     from pymongo.errors import BulkWriteError, ConnectionFailure, DuplicateKeyError, OperationFailure, PyMongoError
     from pymongo.write_concern import WriteConcern
@@ -162,7 +175,9 @@ except ImportError as exc:
     raise ConfigError("the mongodb sink needs pymongo: pip install 'stepstream[mongodb]'") from exc
 
 CAPABILITIES = Capabilities(atomic_batch=False, shared_storage=True, monotonic_states=True)
-FERRETDB_CAPABILITIES = Capabilities(atomic_batch=False, shared_storage=True, monotonic_states=False)
+FERRETDB_CAPABILITIES = Capabilities(
+    atomic_batch=False, shared_storage=True, monotonic_states=False, atomic_reasoning=False
+)
 DEFAULT_DATABASE = "stepstream"
 DEFAULT_WRITE_CONCERN = {"w": "majority", "j": True}
 DUPLICATE_KEY = 11000
@@ -349,6 +364,22 @@ class _Connection:
             for start in range(0, len(ops), FERRETDB_UPDATES_PER_COMMAND):
                 await self[collection].bulk_write(ops[start : start + FERRETDB_UPDATES_PER_COMMAND], ordered=False)
 
+    async def update_each(self, collection: str, updates: list[tuple[dict[str, Any], dict[str, Any]]]) -> list[int]:
+        """``update_one(where, update)`` (no upsert) for each; returns the indexes of
+        those that matched no document. A bulk reports how many matched, not which
+        (and a retry of a whole bulk would write again the rows whose write landed),
+        so each is a command of its own: all at once on MongoDB, one at a time on
+        FerretDB (see :meth:`bulk`)."""
+        found = self[collection]
+        if self.ferretdb:
+            results = []
+            async with self._bulk_lock:
+                for where, update in updates:
+                    results.append(await found.update_one(where, update))
+        else:
+            results = await _gather(*(found.update_one(where, update) for where, update in updates))
+        return [index for index, result in enumerate(results) if result.matched_count == 0]
+
     async def replace_unless_ahead(self, collection: str, writes: list[tuple[str, int, dict[str, Any]]]) -> list[int]:
         """``ReplaceOne({_id, last_seq: {$not: {$gte: seq}}}, doc, upsert)`` for each
         ``(_id, seq, doc)``; returns the indexes refused (a stored ``last_seq`` at or
@@ -466,6 +497,75 @@ def _state_write(state: RunState) -> tuple[str, int, dict[str, Any]]:
     return row_id(state.company_id, state.run_id), state.last_seq, doc
 
 
+# A deep row's reasoning carries the token of the write that made it (a fresh
+# ObjectId per write), so a conditional write compares a few bytes, not the text.
+REASONING_VERSION = "reasoning_version"
+REASONING_ATTEMPTS = 5
+
+
+class _Seen(NamedTuple):
+    """What a read found of a deep row's reasoning: the text (``None``: none) and
+    the version token (``None``: a row with no text, or written before tokens)."""
+
+    reasoning: str | None
+    version: Any
+
+
+def _reasoning_filter(_id: str, seen: _Seen) -> dict[str, Any]:
+    """Matches the row only while it holds what was ``seen``: the same token, or for
+    a row without one the same text (``None`` matches a missing field too)."""
+    where = {"_id": _id, REASONING_VERSION: seen.version}
+    if seen.version is None:
+        where["reasoning"] = seen.reasoning
+    return where
+
+
+class _RowWrite:
+    """A batch's writes to one deep row, coalesced in order: the fields it sets (later
+    non-None values won), its latest ``ts``, and its reasoning chunks
+    ``(offset, text)`` in order, merged onto whatever text the write finds."""
+
+    __slots__ = ("chunks", "fields", "ts")
+
+    def __init__(self, fields: dict[str, Any], ts: str) -> None:
+        self.fields = fields
+        self.ts = ts
+        self.chunks: list[tuple[int, str]] = []
+
+    def text_over(self, stored: str | None) -> str | None:
+        """The text after this batch's chunks land on ``stored`` (``apply_reasoning``)."""
+        for offset, chunk in self.chunks:
+            stored = apply_reasoning(stored, offset, chunk)
+        return stored
+
+    def update(self, fields: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The update of a stored row: ``fields`` (default: the batch's, no text)
+        ``$set``, ``ts`` the latest, ``clipped`` false if new."""
+        fields = self.fields if fields is None else fields
+        update: dict[str, Any] = {"$set": fields, "$max": {"ts": self.ts}}
+        if "clipped" not in fields:
+            update["$setOnInsert"] = {"clipped": False}
+        return update
+
+    def write_over(self, _id: str, seen: _Seen) -> tuple[dict[str, Any], dict[str, Any]]:
+        """``(filter, update)`` of a stored row whose reasoning was ``seen``: the merged
+        text and a new version, on condition that the row still holds what was seen;
+        where the chunks change nothing (a replay), the other fields alone, and the
+        stored text keeps its version (so a writer that read it too still matches)."""
+        text = self.text_over(seen.reasoning)
+        if text == seen.reasoning:
+            return {"_id": _id}, self.update()
+        fields = {**self.fields, "reasoning": text, REASONING_VERSION: ObjectId()}
+        return _reasoning_filter(_id, seen), self.update(fields)
+
+    def document(self, _id: str) -> dict[str, Any]:
+        """The document its update creates where no row is stored."""
+        fields = self.fields
+        if self.chunks:
+            fields = {**fields, "reasoning": self.text_over(None), REASONING_VERSION: ObjectId()}
+        return {"_id": _id, **fields, "ts": self.ts, "clipped": fields.get("clipped", False)}
+
+
 class _Stored(msgspec.Struct):
     """What a step batch needs of a stored state: ``last_seq`` (the stale-run rule)
     and ``next_ordinal`` (the steps at or past it are not stored yet)."""
@@ -506,6 +606,7 @@ _DEEP_JSON_NAMES = ("arguments", "output", "call_event", "result_event")
 
 
 def _deep(doc: dict[str, Any]) -> DeepRecord:
+    doc.pop(REASONING_VERSION, None)
     bodies = {name: doc.pop(name) for name in _DEEP_JSON_NAMES if doc.get(name) is not None}
     deep = msgspec.convert(doc, DeepRecord)
     for name, text in bodies.items():
@@ -683,7 +784,7 @@ class MongoStepStore:
 
 class MongoDeepStore:
     """Deep rows in ``run_step_details``; clipped at the port; see the module doc
-    for the read-modify-write of positional reasoning."""
+    for the conditional write of positional reasoning."""
 
     capabilities = CAPABILITIES
 
@@ -719,7 +820,7 @@ class MongoDeepStore:
             # are dropped) and the batch's rows (their stored reasoning, and which exist).
             entries, stored = await _gather(
                 self._index_entries(list(dict.fromkeys((d.company_id, d.run_id) for d in deeps))),
-                self._stored_reasoning(deeps),
+                self._stored_reasoning([(d.company_id, d.run_id, d.step_seq) for d in deeps]),
             )
             pruned = {key for key, pruned_at in entries.items() if pruned_at}
             if pruned:
@@ -741,23 +842,22 @@ class MongoDeepStore:
                 )  # fmt: skip
                 index_writes.append((fresh if (c, r) not in entries else None, update))
             await self._conn.upsert("deep_runs", index_writes)
-            current = dict(stored)
             # The batch's writes to a row coalesce into one $set, applied in order:
-            # later non-None fields win, clipped is sticky, and the reasoning is the
-            # positional merge computed here from the stored text.
-            merged: dict[StepKey, dict[str, Any]] = {}
-            latest: dict[StepKey, str] = {}
+            # later non-None fields win, clipped is sticky, and the reasoning chunks are
+            # merged onto the stored text (below, conditionally).
+            rows: dict[StepKey, _RowWrite] = {}
             for d in deeps:
                 key = (d.company_id, d.run_id, d.step_seq)
-                fields = merged.setdefault(
-                    key, {"company_id": d.company_id, "run_id": d.run_id, "step_seq": d.step_seq}
-                )
-                fields["kind"] = d.kind
-                latest[key] = max(latest.get(key, d.ts), d.ts)
-                if d.reasoning is not None:
-                    fields["reasoning"] = current[key] = apply_reasoning(
-                        current.get(key), d.reasoning_offset, d.reasoning
+                row = rows.get(key)
+                if row is None:
+                    row = rows[key] = _RowWrite(
+                        {"company_id": d.company_id, "run_id": d.run_id, "step_seq": d.step_seq}, d.ts
                     )
+                fields = row.fields
+                fields["kind"] = d.kind
+                row.ts = max(row.ts, d.ts)
+                if d.reasoning is not None:
+                    row.chunks.append((d.reasoning_offset, d.reasoning))
                 if d.arguments is not None:
                     fields["arguments"] = _json.encode(d.arguments).decode()
                 if d.output is not None:
@@ -768,31 +868,61 @@ class MongoDeepStore:
                     fields["result_event"] = _json.encode(d.result_event).decode()
                 if d.clipped:
                     fields["clipped"] = True
-            writes = []
-            for key, fields in merged.items():
-                _id = row_id(*key)
-                update: dict[str, Any] = {"$set": fields, "$max": {"ts": latest[key]}}
-                if "clipped" not in fields:
-                    update["$setOnInsert"] = {"clipped": False}
-                if key not in stored:  # absent at the read: inserted as the update would create it
-                    fresh = {"_id": _id, **fields, "ts": latest[key], "clipped": fields.get("clipped", False)}
-                    writes.append((fresh, UpdateOne({"_id": _id}, update, upsert=True)))
-                else:
-                    # A row whose stored text we merged is updated, never re-created: if a
-                    # purge deleted it since the read, the write must not bring its head back.
-                    merged_text = "reasoning" in fields
-                    writes.append((None, UpdateOne({"_id": _id}, update, upsert=not merged_text)))
-            await self._conn.upsert("run_step_details", writes)
+            fresh = [key for key in rows if key not in stored]  # absent at the read: inserted
+            taken = await self._conn.insert_new("run_step_details", [rows[key].document(row_id(*key)) for key in fresh])
+            # The rows stored, and those another writer created since the read, get
+            # their update: a field-by-field $set, and where the batch writes text,
+            # one conditional on the text it was merged onto (_write_reasoning).
+            updated = [key for key in rows if key in stored] + [fresh[i] for i in taken]
+            await self._conn.bulk(
+                "run_step_details",
+                [UpdateOne({"_id": row_id(*key)}, rows[key].update(), upsert=True)
+                 for key in updated if not rows[key].chunks],
+            )  # fmt: skip
+            texts = {key: rows[key] for key in updated if rows[key].chunks}
+            if texts:
+                await self._write_reasoning(texts, {key: stored[key] for key in texts if key in stored})
 
-    async def _stored_reasoning(self, deeps: Sequence[DeepRecord]) -> dict[StepKey, str | None]:
-        """The rows this batch writes that exist, with their stored reasoning (``None``
-        when they hold none): a chunk at any offset keeps the stored text past its
-        span. One query (see :meth:`_Connection.find_by_id`)."""
-        ids = {row_id(d.company_id, d.run_id, d.step_seq): (d.company_id, d.run_id, d.step_seq) for d in deeps}
+    async def _write_reasoning(self, rows: dict[StepKey, _RowWrite], seen: dict[StepKey, _Seen]) -> None:
+        """Each row's update, its text merged from the text ``seen`` and written only
+        if the row still holds that text (its ``reasoning_version`` token, or the text
+        itself for a row without one; :meth:`_RowWrite.write_over`: chunks that change
+        nothing, as a replay's, write the other fields alone, unconditionally), one
+        ``update_one`` per row. A row whose write matched nothing (another writer
+        changed it since the read) is read again and its chunks merged onto the newer
+        text; a row ``seen`` lacks (its insert found the ``_id`` taken) is read first.
+        A row the read finds gone was purged since the batch read it: its write is
+        dropped, as if the purge came just after it. Gives up, retriable, after
+        :data:`REASONING_ATTEMPTS` rounds that all missed."""
+        unread = [key for key in rows if key not in seen]
+        pending = [key for key in rows if key in seen]
+        for _ in range(REASONING_ATTEMPTS):
+            if unread:
+                found = await self._stored_reasoning(unread)
+                seen.update(found)
+                pending += [key for key in unread if key in found]
+            if not pending:
+                return
+            missed = await self._conn.update_each(
+                "run_step_details",
+                [rows[key].write_over(row_id(*key), seen[key]) for key in pending],
+            )
+            unread, pending = [pending[i] for i in missed], []
+        if unread:
+            raise SinkUnavailable(
+                f"mongodb sink: write run_step_details: the text of {len(unread)} row(s) kept changing "
+                f"under the write ({REASONING_ATTEMPTS} conditional writes missed)"
+            )
+
+    async def _stored_reasoning(self, keys: Sequence[StepKey]) -> dict[StepKey, _Seen]:
+        """The rows among ``keys`` that exist, with their stored reasoning (``None``
+        when they hold none) and its version token: one query (see
+        :meth:`_Connection.find_by_id`)."""
+        ids = {row_id(*key): key for key in keys}
         if not ids:
             return {}
-        docs = await self._conn.find_by_id("run_step_details", list(ids), {"reasoning": 1})
-        return {ids[_id]: doc.get("reasoning") for _id, doc in docs.items()}
+        docs = await self._conn.find_by_id("run_step_details", list(ids), {"reasoning": 1, REASONING_VERSION: 1})
+        return {ids[_id]: _Seen(doc.get("reasoning"), doc.get(REASONING_VERSION)) for _id, doc in docs.items()}
 
     async def _index_entries(self, keys: Sequence[RunKey]) -> dict[RunKey, str | None]:
         """The runs among ``keys`` that have a retention index entry, with its

@@ -76,11 +76,16 @@ class Capabilities(msgspec.Struct, frozen=True, kw_only=True):
     against every other writer, so even two writers racing on one run can never
     move its stored state backwards (FerretDB 1.x cannot: its conditional update
     reads outside the transaction that writes).
+    ``atomic_reasoning``: a positional reasoning write and the stored text it is
+    merged onto are atomic against every other writer of the row, so even two
+    writers racing on one row never lose a chunk (FerretDB 1.x cannot, for the
+    same reason; a write that comes after the other writer's still merges onto it).
     """
 
     atomic_batch: bool
     shared_storage: bool
     monotonic_states: bool = True
+    atomic_reasoning: bool = True
 
 
 class RunsPage(msgspec.Struct, frozen=True):

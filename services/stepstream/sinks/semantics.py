@@ -7,8 +7,8 @@ The merge is ``core.merge`` (re-exported here: :func:`apply_deep`,
 semantics of ``core.records``: a stored deep row always starts at character 0,
 a write at ``reasoning_offset`` N overwrites its own span, a deep row's ``ts``
 is the latest it was written with. The memory and file backends apply it in
-Python; SQLite calls :func:`apply_reasoning` from SQL and MongoDB from its
-read-modify-write, and the conformance suite holds every backend to it.
+Python; SQLite calls :func:`apply_reasoning` from SQL and MongoDB before its
+conditional write, and the conformance suite holds every backend to it.
 
 **Stale runs** (:func:`admit`). A step batch carries at most one state per run
 that matters, its last; a run whose stored state's ``last_seq`` is not below
