@@ -170,3 +170,42 @@ async def test_the_redo_is_redone_when_the_other_owner_wins_again():
     assert await _dump(steps, deep) == await _ingest_file(
         [*start, _call(5, "e"), _result(6, "e"), _call(7, "f"), _result(3, "c"), _result(4, "d")]
     )
+
+
+async def test_the_worker_counts_records_keyed_for_another_partition():
+    """The worker's delivery path checks every record's key against Kafka's default
+    partitioner under the topic's current partition count, per topic."""
+    from aiokafka.structs import ConsumerRecord
+    from faust.types import TP
+    from prometheus_client import generate_latest
+
+    from stepstream.config import load_settings
+    from stepstream.core.wire import encode_event, partition_key
+    from stepstream.ingest.app import IngestWorker
+    from stepstream.ingest.routing import default_partition
+    from stepstream.metrics import Metrics
+
+    settings = load_settings({"steps_sink": "memory://", "deep_sink": "memory://"}, environ={})
+    metrics = Metrics()
+    worker = IngestWorker(settings, metrics, dlq_topic=None, partitions_of={settings.topic: 4}.get)
+    await worker.start()
+    try:
+        key = partition_key("acme", "r1")
+        home = default_partition(key, 4)
+
+        def records(partition: int, events) -> dict:
+            tp = TP(settings.topic, partition)
+            return {tp: [ConsumerRecord(settings.topic, partition, i, 0, 0, key, encode_event(e), None, len(key), 0, [])
+                         for i, e in enumerate(events)]}  # fmt: skip
+
+        assert not await worker.on_records(records(home, [_ev(RunStart, RunStartPayload(agent_name="x"), 0)]), lambda tp: True)
+        assert "stepstream_misrouted_records_total{" not in generate_latest(metrics.registry).decode()
+        elsewhere = (home + 1) % 4
+        assert not await worker.on_records(records(elsewhere, [_call(1, "c"), _call(2, "d")]), lambda tp: True)
+        text = generate_latest(metrics.registry).decode()
+        assert f'stepstream_misrouted_records_total{{topic="{settings.topic}"}} 2.0' in text
+        await worker.pipeline.drain()
+        assert [s.step_seq for s in await worker._stores[0].get_steps("acme", "r1")] == [0, 1]  # counted, not refused
+    finally:
+        for store in worker._stores:
+            await store.close()

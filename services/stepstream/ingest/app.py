@@ -32,6 +32,7 @@ import logging
 import os
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,7 @@ from stepstream.core.wire import decode_event
 from stepstream.errors import WireError
 from stepstream.ingest.consumer import BatchConsumer, BatchTransport, Records
 from stepstream.ingest.lag import LagPoller
+from stepstream.ingest.routing import RouteCheck
 from stepstream.pipeline.ledger import Ledger
 from stepstream.ingest.stopping import StopDeadline, flush_logs, stopping_services, waiting_threads
 from stepstream.metrics import Metrics
@@ -77,7 +79,13 @@ async def commit_now(consumer: Any, tps: set[Any] | None = None) -> None:
 class IngestWorker:
     """One worker process: stores, pipeline, ledger and readiness."""
 
-    def __init__(self, settings: Settings, metrics: Metrics, dlq_topic: Any) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        metrics: Metrics,
+        dlq_topic: Any,
+        partitions_of: Callable[[str], int | None] = lambda topic: None,
+    ) -> None:
         self.settings = settings
         self.metrics = metrics
         self._dlq = dlq_topic
@@ -89,6 +97,7 @@ class IngestWorker:
         self.assigned = False
         self.closed = False
         self.processed = 0
+        self.routes = RouteCheck(metrics.misrouted, partitions_of)
 
     async def start(self) -> None:
         """Open the stores; any failure here stops the process before anything is consumed."""
@@ -194,6 +203,7 @@ class IngestWorker:
         ledger = self.ledger
         end = items[-1][1].offset
         ledger.delivered(tp, items[0][1].offset, end)
+        self.routes.check(tp.topic, tp.partition, (item[1].key for item in items))
         good: list[tuple[Any, Any]] = []
         for event, record, reason, detail in items:
             if event is None:
@@ -356,10 +366,11 @@ def create_app(settings: Settings, metrics: Metrics | None = None) -> faust.App:
     raw = app.topic(settings.topic, key_type=bytes, value_type=bytes, partitions=settings.partitions)
     dlq = app.topic(settings.dlq, key_type=bytes, value_type=bytes, partitions=settings.partitions)
     app.topics.add(raw)  # subscribed without an agent: records arrive through BatchConsumer
-    worker = IngestWorker(settings, metrics, dlq)
-    app.stepstream = worker
     consumer = app.consumer
     assert isinstance(consumer, BatchConsumer)
+    # The partition counts of the consumer's metadata (faust's public ``topic_partitions``).
+    worker = IngestWorker(settings, metrics, dlq, partitions_of=consumer.topic_partitions)
+    app.stepstream = worker
     consumer.handler = worker.on_records
     consumer.ledger = worker.ledger
     poller = LagPoller(normalize_broker(settings.broker), settings.app_id, settings.topic, metrics, settings.lag_poll_seconds)
