@@ -375,8 +375,7 @@ class Pipeline:
                 except WireError:  # not for an event it took before; never drop the rest
                     continue
                 if out is None:
-                    self.duplicates += 1
-                    continue
+                    continue  # applied by the other owner (or by this write, if it landed)
                 journal.add(event, event_tp, offset, out.state is None)
                 self._take(key, out, event_tp, offset, now, None, batch=redo)
                 if event.__struct_config__.tag == "run_end":
