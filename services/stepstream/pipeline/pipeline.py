@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from functools import partial
 from collections.abc import Awaitable, Callable, Hashable, Iterable
 from typing import Any
 
@@ -351,7 +352,7 @@ class Pipeline:
             wanted.setdefault(company, []).append(run)
         stored: dict[RunKey, RunState | None] = {}
         for company, runs in wanted.items():
-            states = await self.writer.read(lambda c=company, r=runs: self._steps.load_states(c, r))  # type: ignore[misc]
+            states = await self.writer.read(partial(self._steps.load_states, company, runs))
             for run in runs:
                 stored[(company, run)] = states.get(run)
         # Nothing awaits from here to the seal: no event of these runs comes in between.
@@ -384,12 +385,13 @@ class Pipeline:
                 del self._journals[key]
         redo.seal()
         for key in keys:
-            # A run loaded from ``_writing`` must not find the refused state there.
-            for rows, again in ((refused.states, redo.states), (refused.runs, redo.runs)):
-                if key in again:
-                    rows[key] = again[key]  # type: ignore[assignment]
-                else:
-                    rows.pop(key, None)
+            # A run opened from ``_writing`` (the refused batch) must find the redone state there.
+            refused.states.pop(key, None)
+            refused.runs.pop(key, None)
+            if key in redo.states:
+                refused.states[key] = redo.states[key]
+            if key in redo.runs:
+                refused.runs[key] = redo.runs[key]
         return redo, self._covers(redo)
 
     def _after_write(self, batch: RowBatch, skipped: list[RunKey]) -> None:
