@@ -321,10 +321,18 @@ class StepstreamApp(faust.App):
     them stops the worker before it consumes)."""
 
     stepstream: IngestWorker
+    lag_poller: LagPoller
 
     async def on_first_start(self) -> None:
         await super().on_first_start()
         await self.stepstream.start()
+        # The first poll before anything is consumed: it gives the misrouted-record check
+        # the topic's partition count (ingest.routing) for the very first fetch.
+        try:
+            await self.lag_poller.start()
+            await self.lag_poller.poll()
+        except Exception as exc:  # noqa: BLE001 - the poll loop tries again
+            log.warning("first lag poll failed: %r", exc)
 
     def _on_rebalance_when_stopped(self) -> None:
         # faust closes the aiokafka consumer here when a rebalance reaches a stopping app,
@@ -366,14 +374,14 @@ def create_app(settings: Settings, metrics: Metrics | None = None) -> faust.App:
     raw = app.topic(settings.topic, key_type=bytes, value_type=bytes, partitions=settings.partitions)
     dlq = app.topic(settings.dlq, key_type=bytes, value_type=bytes, partitions=settings.partitions)
     app.topics.add(raw)  # subscribed without an agent: records arrive through BatchConsumer
+    poller = LagPoller(normalize_broker(settings.broker), settings.app_id, settings.topic, metrics, settings.lag_poll_seconds)
+    worker = IngestWorker(settings, metrics, dlq, partitions_of=poller.partitions_of)
+    app.stepstream = worker
+    app.lag_poller = poller
     consumer = app.consumer
     assert isinstance(consumer, BatchConsumer)
-    # The partition counts of the consumer's metadata (faust's public ``topic_partitions``).
-    worker = IngestWorker(settings, metrics, dlq, partitions_of=consumer.topic_partitions)
-    app.stepstream = worker
     consumer.handler = worker.on_records
     consumer.ledger = worker.ledger
-    poller = LagPoller(normalize_broker(settings.broker), settings.app_id, settings.topic, metrics, settings.lag_poll_seconds)
 
     @app.task
     async def flush_batches() -> None:
@@ -384,7 +392,7 @@ def create_app(settings: Settings, metrics: Metrics | None = None) -> faust.App:
 
     @app.task
     async def lag_loop() -> None:
-        await poller.start()
+        await poller.start()  # already started before the first fetch (on_first_start)
         try:
             await poller.run()
         finally:

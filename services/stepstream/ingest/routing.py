@@ -32,7 +32,8 @@ def default_partition(key: bytes, partitions: int) -> int:
 
 class RouteCheck:
     """Counts the records of a partition whose key hashes to another one under the
-    topic's current partition count (``partitions_of(topic)``, ``None`` while unknown)."""
+    topic's current partition count (``partitions_of(topic)``, ``None`` while unknown;
+    the worker asks its lag poller, which reads the topic's metadata at every poll)."""
 
     def __init__(self, counter: Any, partitions_of: Callable[[str], int | None]) -> None:
         self._counter = counter
