@@ -60,6 +60,13 @@ class Metrics:
             "(a former partition owner writing late).",
             registry=r,
         )
+        self.misrouted = Counter(
+            "stepstream_misrouted_records",
+            "Records whose key does not hash to their partition under Kafka's default partitioner and the "
+            "topic's current partition count (a run split over two partitions), by topic.",
+            ["topic"],
+            registry=r,
+        )
         self.store_retries = Counter(
             "stepstream_store_retries", "Batch writes retried in place after a retriable store error, by sink.",
             ["sink"], registry=r,

@@ -2,7 +2,7 @@
 ``/metrics`` (issue 9): a crafted stream on the real broker with a gap and a late
 event, a duplicate, poison, a run past the step ceiling, a body past its cap, a
 thinking run, and a store write that lands and then reports failure (a retry, and
-a stale state on the retry).
+a stale state on the retry), and a record on the partition its key does not hash to.
 
 Two metrics cannot move in a worker and are read here otherwise, said so in
 ``NOT_FROM_THE_WORKER``: the compactor's families, and a clip at the deep
@@ -20,9 +20,12 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from aiokafka import AIOKafkaProducer
+
 from harness import Scenario, wait_caught_up
 from stepstream.core import wire
 from stepstream.emitter.producer import Emitter
+from stepstream.ingest.routing import default_partition
 from stepstream.metrics import Metrics
 from stepstream.sinks.faults import write_plan
 
@@ -82,7 +85,7 @@ def total(found: dict, name: str, **labels: str) -> float:
 
 
 async def test_every_metric_moves_on_the_metrics_page(kafka_bootstrap, tmp_path):
-    scenario = Scenario(kafka_bootstrap, tmp_path, partitions=1)
+    scenario = Scenario(kafka_bootstrap, tmp_path, partitions=2)
     plan = tmp_path / "faults.json"
     # The first step write lands, then reports failure: retried, and the retry finds
     # its states already stored (stale).
@@ -93,6 +96,15 @@ async def test_every_metric_moves_on_the_metrics_page(kafka_bootstrap, tmp_path)
         async with Emitter(scenario.broker, scenario.topic) as emitter:
             await emitter.emit_many(stream())
             await emitter.emit_raw(b"acme/poison", b"{not json")
+        # A valid event on the other partition than its key's (another partitioner's choice).
+        stray = event("run_start", "stray", 0, agent_name="a")
+        key = wire.partition_key("acme", "stray")
+        producer = AIOKafkaProducer(bootstrap_servers=scenario.broker)
+        await producer.start()
+        try:
+            await producer.send_and_wait(scenario.topic, wire.encode_event(stray), key=key, partition=1 - default_partition(key, 2))
+        finally:
+            await producer.stop()
         await asyncio.to_thread(worker.wait_web)
         await wait_caught_up(scenario.broker, scenario.group, scenario.topic, [worker], timeout=120)
         # The retried first batch left its runs stale (dropped from memory as such); a
@@ -129,6 +141,7 @@ async def test_every_metric_moves_on_the_metrics_page(kafka_bootstrap, tmp_path)
         "stepstream_store_retries": total(found, "stepstream_store_retries_total", sink="steps") == 1,
         "stepstream_stale_run_writes": total(found, "stepstream_stale_run_writes_total") >= 1,
         "stepstream_evicted_runs": total(found, "stepstream_evicted_runs_total", reason="ended") >= 1,
+        "stepstream_misrouted_records": total(found, "stepstream_misrouted_records_total", topic=scenario.topic) == 1,
         "stepstream_store_available": total(found, "stepstream_store_available") == 1,
         # Gauges: set by the worker (present with a value), whatever the value.
         "stepstream_consumer_lag_records": bool(found.get("stepstream_consumer_lag_records")),

@@ -118,3 +118,23 @@ def test_expired_holds_come_oldest_first_and_stop_at_the_first_young_one():
     assert ledger.watermark("p0") == 0  # the open batch still holds offset 0 on
     ledger.durable(ledger.seal())
     assert ledger.watermark("p0") == 5
+
+
+def test_a_hold_released_into_a_sealed_batch_holds_the_watermark_until_that_batch_is_durable():
+    """After a stale refusal the pipeline redoes a run inside the refused batch's write:
+    the run's held offset (taken in an earlier batch) then rides on that batch, not on
+    the open one, so the watermark passes it only once the redo is written."""
+    ledger = Ledger()
+    ledger.delivered("p0", 0, 0)
+    ledger.hold(("acme", "r"), "p0", 0, now=0.0)
+    ledger.durable(ledger.seal())
+    assert ledger.watermark("p0") == 0  # the hold
+    ledger.delivered("p0", 1, 1)
+    refused = ledger.seal()
+    ledger.release(("acme", "r"), refused)
+    assert ledger.held_runs == 0
+    assert ledger.watermark("p0") == 0  # still held, by the sealed batch now
+    ledger.delivered("p0", 2, 2)
+    assert ledger.watermark("p0") == 0
+    ledger.durable(refused)
+    assert ledger.watermark("p0") == 2  # the open batch (offset 2) is not durable yet

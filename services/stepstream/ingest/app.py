@@ -35,6 +35,7 @@ import logging
 import os
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +49,7 @@ from stepstream.errors import WireError
 from stepstream.ingest.consumer import BatchConsumer, BatchTransport, Records
 from stepstream.ingest.dead_letters import DeadLetters, max_request_bytes
 from stepstream.ingest.lag import LagPoller
+from stepstream.ingest.routing import RouteCheck
 from stepstream.pipeline.ledger import Ledger
 from stepstream.ingest.stopping import StopDeadline, flush_logs, stopping_services, waiting_threads
 from stepstream.metrics import Metrics
@@ -83,7 +85,13 @@ async def commit_now(consumer: Any, tps: set[Any] | None = None) -> None:
 class IngestWorker:
     """One worker process: stores, pipeline, ledger and readiness."""
 
-    def __init__(self, settings: Settings, metrics: Metrics, dlq_topic: Any) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        metrics: Metrics,
+        dlq_topic: Any,
+        partitions_of: Callable[[str], int | None] = lambda topic: None,
+    ) -> None:
         self.settings = settings
         self.metrics = metrics
         self.lock = asyncio.Lock()
@@ -99,6 +107,7 @@ class IngestWorker:
         self.assigned = False
         self.closed = False
         self.processed = 0
+        self.routes = RouteCheck(metrics.misrouted, partitions_of)
 
     async def start(self) -> None:
         """Open the stores; any failure here stops the process before anything is consumed."""
@@ -208,6 +217,7 @@ class IngestWorker:
         ledger = self.ledger
         end = items[-1][1].offset
         ledger.delivered(tp, items[0][1].offset, end)
+        self.routes.check(tp.topic, tp.partition, (item[1].key for item in items))
         good: list[tuple[Any, Any]] = []
         for event, record, reason, detail in items:
             if event is None:
@@ -311,10 +321,18 @@ class StepstreamApp(faust.App):
     them stops the worker before it consumes)."""
 
     stepstream: IngestWorker
+    lag_poller: LagPoller
 
     async def on_first_start(self) -> None:
         await super().on_first_start()
         await self.stepstream.start()
+        # The first poll before anything is consumed: it gives the misrouted-record check
+        # the topic's partition count (ingest.routing) for the very first fetch.
+        try:
+            await self.lag_poller.start()
+            await self.lag_poller.poll()
+        except Exception as exc:  # noqa: BLE001 - the poll loop tries again
+            log.warning("first lag poll failed: %r", exc)
 
     def _on_rebalance_when_stopped(self) -> None:
         # faust closes the aiokafka consumer here when a rebalance reaches a stopping app,
@@ -360,13 +378,14 @@ def create_app(settings: Settings, metrics: Metrics | None = None) -> faust.App:
     raw = app.topic(settings.topic, key_type=bytes, value_type=bytes, partitions=settings.partitions)
     dlq = app.topic(settings.dlq, key_type=bytes, value_type=bytes, partitions=settings.partitions)
     app.topics.add(raw)  # subscribed without an agent: records arrive through BatchConsumer
-    worker = IngestWorker(settings, metrics, dlq)
+    poller = LagPoller(normalize_broker(settings.broker), settings.app_id, settings.topic, metrics, settings.lag_poll_seconds)
+    worker = IngestWorker(settings, metrics, dlq, partitions_of=poller.partitions_of)
     app.stepstream = worker
+    app.lag_poller = poller
     consumer = app.consumer
     assert isinstance(consumer, BatchConsumer)
     consumer.handler = worker.on_records
     consumer.ledger = worker.ledger
-    poller = LagPoller(normalize_broker(settings.broker), settings.app_id, settings.topic, metrics, settings.lag_poll_seconds)
 
     @app.task
     async def flush_batches() -> None:
@@ -377,7 +396,7 @@ def create_app(settings: Settings, metrics: Metrics | None = None) -> faust.App:
 
     @app.task
     async def lag_loop() -> None:
-        await poller.start()
+        await poller.start()  # already started before the first fetch (on_first_start)
         try:
             await poller.run()
         finally:

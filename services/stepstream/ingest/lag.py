@@ -20,7 +20,10 @@ log = logging.getLogger(__name__)
 
 
 class LagPoller:
-    """``poll()`` once returns ``{partition: lag}`` and sets the gauge; ``run()`` loops."""
+    """``poll()`` once returns ``{partition: lag}`` and sets the gauge; ``run()`` loops.
+    ``partition_count`` is the topic's partition count as of the last poll (``None``
+    before): the misrouted-record check reads it (``ingest.routing``), since faust's
+    ``topic_partitions`` knows the count only on the group's leader."""
 
     def __init__(self, bootstrap: str, group_id: str, topic: str, metrics: Metrics, interval: float = 2.0) -> None:
         self._bootstrap = bootstrap
@@ -30,12 +33,19 @@ class LagPoller:
         self._interval = interval
         self._admin: AIOKafkaAdminClient | None = None
         self._consumer: AIOKafkaConsumer | None = None
+        self.partition_count: int | None = None
 
     async def start(self) -> None:
-        self._admin = AIOKafkaAdminClient(bootstrap_servers=self._bootstrap)
-        await self._admin.start()
-        self._consumer = AIOKafkaConsumer(bootstrap_servers=self._bootstrap, enable_auto_commit=False)
-        await self._consumer.start()
+        """Connect; a call after a successful one does nothing, one after a failure tries again."""
+        if self._consumer is not None:
+            return
+        if self._admin is None:
+            admin = AIOKafkaAdminClient(bootstrap_servers=self._bootstrap)
+            await admin.start()
+            self._admin = admin
+        consumer = AIOKafkaConsumer(bootstrap_servers=self._bootstrap, enable_auto_commit=False)
+        await consumer.start()
+        self._consumer = consumer
 
     async def stop(self) -> None:
         if self._consumer is not None:
@@ -52,6 +62,7 @@ class LagPoller:
         tps = [TopicPartition(self._topic, p) for p in sorted(parts)]
         if not tps:
             return {}
+        self.partition_count = len(tps)
         ends = await self._consumer.end_offsets(tps)
         committed = await self._admin.list_consumer_group_offsets(self._group, partitions=tps)
         lags: dict[int, int] = {}
@@ -61,6 +72,10 @@ class LagPoller:
             lags[tp.partition] = max(0, ends[tp] - done)
             self._metrics.consumer_lag.labels(self._topic, str(tp.partition)).set(lags[tp.partition])
         return lags
+
+    def partitions_of(self, topic: str) -> int | None:
+        """The partition count of ``topic`` if it is the polled one and a poll saw it."""
+        return self.partition_count if topic == self._topic else None
 
     async def run(self) -> None:
         while True:

@@ -1,7 +1,7 @@
 """The one path from decoded events to durable rows, shared by ``stepstream worker``
 and ``stepstream ingest-file`` so both make exactly the same records.
 
-Four parts, one job each:
+Five parts, one job each:
 
 * :class:`~stepstream.pipeline.folds.FoldCache`: the folds of the runs in memory
   (a cache of their durable state plus any unflushed thinking tail), LRU-bounded.
@@ -10,6 +10,8 @@ Four parts, one job each:
   fault policy (retry in place, or :class:`StoreFailed`).
 * :class:`~stepstream.pipeline.ledger.Ledger` (worker only): what is durable and what
   may be committed, per partition.
+* :class:`~stepstream.pipeline.journal.Journal`: per run, the events applied since its
+  last state a store admitted (what a redo applies again).
 
 :class:`~stepstream.pipeline.pipeline.Pipeline` wires them: :meth:`Pipeline.apply` folds one event into the open
 batch (a thinking delta that only buffers becomes a *hold* in the ledger), and
@@ -22,6 +24,9 @@ Contracts:
   the process stops (:class:`StoreFailed`, whatever the write path raised, the
   dead-letter confirmation included); no batch is dropped while folds moved on, and a
   failed write stays failed, so nothing later is written ahead of it.
+* **A stale refusal is redone, not dropped.** A run the store refuses (another owner
+  wrote it further) is reloaded from the store and its journal applied again (late
+  events there), and that is written before the refused batch's offsets are durable.
 * **Group commit.** A batch is written when it holds ``batch_records`` (records
   consumed plus rows made) or is ``batch_seconds`` old; while the previous write is
   still in flight it goes on growing, up to ``GROWTH`` times ``batch_records``.

@@ -69,6 +69,19 @@ class RowBatch:
         if out.state is not None:
             self.states[(out.state.company_id, out.state.run_id)] = out.state
 
+    def discard(self, key: RunKey) -> None:
+        """Forget every row of run ``key`` (its fold was stale: they are made again)."""
+        company, run = key
+        for step_key in [k for k in self.steps if k[0] == company and k[1] == run]:
+            del self.steps[step_key]
+        if any((d.company_id, d.run_id) == key for d in self.deeps):
+            self.deeps = [d for d in self.deeps if (d.company_id, d.run_id) != key]
+            self.deep_at = {(d.company_id, d.run_id, d.step_seq): i for i, d in enumerate(self.deeps)}
+        self.runs.pop(key, None)
+        self.states.pop(key, None)
+        if key in self.ended:
+            self.ended = [k for k in self.ended if k != key]
+
     def seal(self) -> RowBatch:
         """Replace every lazy fold by its durable state (and run record); call before
         the folds change again, that is, when the batch is swapped out for writing."""

@@ -67,15 +67,17 @@ class Ledger:
             self._hold_tp[key] = tp
             self._holds.setdefault(tp, {})[key] = (offset, now)
 
-    def release(self, key: RunKey) -> None:
-        """``key``'s tail is in the open batch now: its hold becomes part of that batch."""
+    def release(self, key: RunKey, into: Sealed | None = None) -> None:
+        """``key``'s tail is in the open batch now (or in the batch ``into``, being
+        written): its hold becomes part of that batch."""
         tp = self._hold_tp.pop(key, None)
         if tp is None:
             return
         offset, _ = self._holds[tp].pop(key)
-        floor = self._open.get(tp)
+        floors = self._open if into is None else into.floors
+        floor = floors.get(tp)
         if floor is None or offset < floor:
-            self._open[tp] = offset
+            floors[tp] = offset
 
     # -- batches ----------------------------------------------------------------
 

@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import asyncio
 import time
+from functools import partial
 from collections.abc import Awaitable, Callable, Hashable, Iterable
 from typing import Any
 
 from stepstream.core.fold import Limits, Output, RunFold
 from stepstream.core.records import RunState
 from stepstream.core.wire import Event
+from stepstream.errors import WireError
+from stepstream.pipeline.journal import Journal
 from stepstream.pipeline.ledger import Ledger
 from stepstream.metrics import Metrics, observe_many
 from stepstream.pipeline.batch import RowBatch, RunKey
@@ -30,6 +33,12 @@ GROWTH = 4
 
 #: The default byte bound of a batch: the values of the messages it settles.
 BATCH_BYTES = 32 * 1024 * 1024
+
+#: How many times in a row a stale run is reloaded and its events applied again before the
+#: write gives up (:class:`StoreFailed`: the process stops and Kafka rewinds, nothing lost).
+REDO_ATTEMPTS = 5
+
+Covers = dict[RunKey, tuple[Journal, int]]
 
 
 class NotLoaded(RuntimeError):
@@ -82,6 +91,7 @@ class Pipeline:
         self.folds = FoldCache(self._limits)
         self._staged: dict[RunKey, RunState | None] = {}  # loaded, not yet opened
         self._held_ts: dict[RunKey, list[float]] = {}  # event times of held deltas
+        self._journals: dict[RunKey, Journal] = {}  # events not yet in an admitted state, per run
         self._batch = RowBatch(clock())
         self._writing: RowBatch | None = None  # the batch being written, or the last one written
         self._inflight: asyncio.Future[None] | None = None
@@ -135,6 +145,10 @@ class Pipeline:
         if out is None:
             self.duplicates += 1
         else:
+            journal = self._journals.get(key)
+            if journal is None:
+                journal = self._journals[key] = Journal()
+            journal.add(event, tp, offset, out.state is None)
             tag = event.__struct_config__.tag
             batch.types[tag] += 1
             self._take(key, out, tp, offset, now, event.ts.timestamp(), tag == "thinking_delta")
@@ -197,9 +211,18 @@ class Pipeline:
         return state
 
     def _take(
-        self, key: RunKey, out: Output, tp: Hashable, offset: int, now: float, ts: float | None, delta: bool = False
+        self,
+        key: RunKey,
+        out: Output,
+        tp: Hashable,
+        offset: int,
+        now: float,
+        ts: float | None,
+        delta: bool = False,
+        batch: RowBatch | None = None,
     ) -> None:
-        batch = self._batch
+        if batch is None:
+            batch = self._batch
         batch.add(out)
         m = self._metrics
         if m is not None and (
@@ -226,6 +249,9 @@ class Pipeline:
                 self._held_ts.setdefault(key, []).append(ts)
             return
         self.folds.tails.discard(key)
+        journal = self._journals.get(key)
+        if journal is not None:
+            journal.flushed()
         if self.ledger is not None:
             self.ledger.release(key)
         held = self._held_ts.pop(key, None)
@@ -278,9 +304,10 @@ class Pipeline:
             return
         self._batch = RowBatch(self._clock())
         batch.seal()
+        covers = self._covers(batch)
         sealed = self.ledger.seal() if self.ledger is not None else None
         self._writing = batch
-        self._inflight = asyncio.ensure_future(self._write(batch, sealed))
+        self._inflight = asyncio.ensure_future(self._write(batch, sealed, covers))
         if wait:
             await self.wait_written()
 
@@ -299,21 +326,97 @@ class Pipeline:
             raise
         self._inflight = None
 
-    async def _write(self, batch: RowBatch, sealed: Any) -> None:
+    def _covers(self, batch: RowBatch) -> Covers:
+        """Per run whose state ``batch`` carries, how far into its journal that state
+        reflects the events (taken when the batch is sealed, as its states are)."""
+        journals = self._journals
+        return {key: (journals[key], journals[key].covered()) for key in batch.states if key in journals}
+
+    async def _write(self, batch: RowBatch, sealed: Any, covers: Covers) -> None:
         # ``_writing`` stays this batch until the next flush: a run loaded while it was in
         # flight skipped the store for it, and must still find its state here afterwards.
+        written = batch
         skipped = await self.writer.write(batch, before=self._before_durable)
+        for attempt in range(REDO_ATTEMPTS + 1):
+            self._settle(covers, skipped)
+            self._after_write(written, skipped)
+            if not skipped:
+                break
+            if attempt == REDO_ATTEMPTS:
+                raise StoreFailed(f"{len(skipped)} runs were refused as stale {attempt + 1} times in a row")
+            # Another owner wrote these runs further (their events are on two partitions):
+            # the batch's offsets are durable only once the events are applied again.
+            written, covers = await self._redo(skipped, batch, sealed)
+            skipped = await self.writer.write(written)
         if sealed is not None:
             self.ledger.durable(sealed)  # type: ignore[union-attr]
-        self._after_write(batch, skipped)
+
+    def _settle(self, covers: Covers, skipped: list[RunKey]) -> None:
+        """The journal entries of the admitted runs' written states are durable."""
+        refused = set(skipped)
+        for key, (journal, position) in covers.items():
+            if key not in refused and journal.settle(position) and self._journals.get(key) is journal:
+                del self._journals[key]
+
+    async def _redo(self, keys: list[RunKey], refused: RowBatch, sealed: Any) -> tuple[RowBatch, Covers]:
+        """The runs ``keys`` the store refused as stale, reloaded from the store, their
+        journal applied again: a batch to write in place of their refused rows.
+
+        Every row this pipeline made for them since their last admitted state came from
+        a fold that did not see the other owner's events: the refused batch's, the open
+        batch's and the fold's unflushed tail. All are made again from the stored state;
+        the events the other owner skipped are late events there, the ones it applied
+        are duplicates. A held offset rides on ``sealed`` (the refused batch's floors,
+        durable once this batch is written); a pending tail becomes a hold again."""
+        wanted: dict[str, list[str]] = {}
+        for company, run in keys:
+            wanted.setdefault(company, []).append(run)
+        stored: dict[RunKey, RunState | None] = {}
+        for company, runs in wanted.items():
+            states = await self.writer.read(partial(self._steps.load_states, company, runs))
+            for run in runs:
+                stored[(company, run)] = states.get(run)
+        # Nothing awaits from here to the seal: no event of these runs comes in between.
+        now = self._clock()
+        redo = RowBatch(now)
+        for key in keys:
+            self._batch.discard(key)
+            self._held_ts.pop(key, None)
+            if self.ledger is not None:
+                self.ledger.release(key, sealed)
+            old = self.folds.drop(key)
+            journal = self._journals.setdefault(key, Journal())
+            entries = journal.take()
+            tp = old.tp if old is not None else (entries[-1][1] if entries else None)
+            if len(self.folds) >= self._max_open_runs:
+                self._evict_least_recent(now)
+            fold = self.folds.open(key, stored[key], tp, now).fold
+            for event, event_tp, offset in entries:
+                try:
+                    out = fold.push(event, now)
+                except WireError:  # not for an event it took before; never drop the rest
+                    continue
+                if out is None:
+                    continue  # applied by the other owner (or by this write, if it landed)
+                journal.add(event, event_tp, offset, out.state is None)
+                self._take(key, out, event_tp, offset, now, None, batch=redo)
+                if event.__struct_config__.tag == "run_end":
+                    redo.ended.append(key)
+            if not journal.entries:
+                del self._journals[key]
+        redo.seal()
+        for key in keys:
+            # A run opened from ``_writing`` (the refused batch) must find the redone state there.
+            refused.states.pop(key, None)
+            refused.runs.pop(key, None)
+            if key in redo.states:
+                refused.states[key] = redo.states[key]
+            if key in redo.runs:
+                refused.runs[key] = redo.runs[key]
+        return redo, self._covers(redo)
 
     def _after_write(self, batch: RowBatch, skipped: list[RunKey]) -> None:
         m = self._metrics
-        for key in skipped:
-            # Another owner wrote this run further: our fold is stale; reload it later.
-            entry = self.folds.get(key)
-            if entry is not None and not entry.fold.pending:
-                self.folds.drop(key)
         for key in batch.ended:
             entry = self.folds.get(key)
             if entry is not None and not entry.fold.pending:
@@ -391,10 +494,12 @@ class Pipeline:
         for key in keys:
             self.folds.drop(key)
             self._held_ts.pop(key, None)
+            self._journals.pop(key, None)
         if self.ledger is not None:
             for key in self.ledger.drop(gone):
                 self.folds.drop(key)
                 self._held_ts.pop(key, None)
+                self._journals.pop(key, None)
         if self._metrics is not None and keys:
             self._metrics.evicted_runs.labels("revoked").inc(len(keys))
         return len(keys)
