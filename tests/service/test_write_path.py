@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 import pytest
 from aiokafka.errors import MessageSizeTooLargeError, NotEnoughReplicasError
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
+from aiokafka.structs import TopicPartition
 from faust.exceptions import ProducerSendError
 
 import stepstream.ingest.app as app_module
@@ -32,7 +33,7 @@ from stepstream.pipeline import Ledger, Pipeline, StoreFailed
 from stepstream.sinks.memory import MemoryDeepStore, MemoryStepStore
 
 T0 = datetime(2026, 11, 29, 12, tzinfo=timezone.utc)
-TP = "events/0"
+TP = TopicPartition("events", 0)
 
 
 def _ev(seq: int, run: str = "r1"):
