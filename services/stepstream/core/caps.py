@@ -23,6 +23,11 @@
   :func:`clip_chunk` clips one chunk so that ``offset + len(chunk) <= cap``, which
   makes the stored text equal ``clip(all_text, cap)`` whatever the chunking.
 
+The run record's ``environment`` is capped the same way but in UTF-8 bytes of its
+compact JSON text (:func:`json_body_bytes`, ``Limits.environment_bytes``): a value
+within the cap is kept structured, one over it becomes the head of its text ending
+with the marker, at most the cap in bytes, cut on a character boundary.
+
 The engine clips before it emits; :func:`clip_deep` lets a sink enforce the same
 caps on any record it is handed (a no-op on records the engine produced).
 """
@@ -37,10 +42,11 @@ from stepstream.core.limits import Limits
 from stepstream.core.records import DeepRecord
 
 
-__all__ = ["CLIP_MARKER", "clip", "clip_chunk", "clip_deep", "json_body", "json_text"]
+__all__ = ["CLIP_MARKER", "clip", "clip_bytes", "clip_chunk", "clip_deep", "json_body", "json_body_bytes", "json_text"]
 
 CLIP_MARKER = "\u2026[clipped]"
 _M = len(CLIP_MARKER)
+_MARKER_BYTES = CLIP_MARKER.encode()
 _encoder = msgspec.json.Encoder()
 
 
@@ -72,6 +78,26 @@ def clip_chunk(chunk: str, offset: int, cap: int) -> tuple[str, int, bool]:
     return marker, keep, True
 
 
+def clip_bytes(text: str, cap: int) -> tuple[str, bool]:
+    """``(text, False)`` if its UTF-8 encoding fits in ``cap`` bytes, else its head
+    plus the marker, at most ``cap`` bytes, cut on a character boundary, and ``True``."""
+    data = text.encode("utf-8", "surrogatepass")
+    if len(data) <= cap:
+        return text, False
+    marker = _MARKER_BYTES[: _boundary(_MARKER_BYTES, cap)]
+    keep = _boundary(data, cap - len(marker))
+    return (data[:keep] + marker).decode("utf-8", "surrogatepass"), True
+
+
+def _boundary(data: bytes, cut: int) -> int:
+    """The largest character boundary of UTF-8 ``data`` at or below ``cut``."""
+    if cut >= len(data):
+        return len(data)
+    while cut > 0 and data[cut] & 0xC0 == 0x80:  # a continuation byte: inside a character
+        cut -= 1
+    return cut
+
+
 def json_text(value: Any) -> str:
     """``value`` as JSON text (a string becomes its JSON string literal)."""
     return _encoder.encode(value).decode()
@@ -87,6 +113,18 @@ def json_body(value: Any, cap: int) -> tuple[Any, bool]:
     if len(text) <= cap:
         return value, False
     return clip(text, cap)
+
+
+def json_body_bytes(value: Any, cap: int) -> tuple[Any, bool]:
+    """:func:`json_body` with the cap in UTF-8 bytes: ``value`` itself when a string's
+    UTF-8 or any other value's compact JSON text fits in ``cap`` bytes, else that
+    text clipped by :func:`clip_bytes`, as a string."""
+    if type(value) is str:
+        return clip_bytes(value, cap)
+    data = _encoder.encode(value)
+    if len(data) <= cap:
+        return value, False
+    return clip_bytes(data.decode(), cap)
 
 
 def _clip_body(body: Any, cap: int) -> tuple[Any, bool]:

@@ -66,7 +66,16 @@ from stepstream.core.limits import Limits
 from stepstream.core.records import DeepRecord, RunRecord, RunState, StepRecord
 from stepstream.errors import SinkError, SinkUnavailable
 from stepstream.sinks.retention import batch_ranks
-from stepstream.sinks.semantics import RunKey, admit, apply_reasoning, clip_batch, recency, state_keys, unstorable
+from stepstream.sinks.semantics import (
+    KEPT_RUN_FIELDS,
+    RunKey,
+    admit,
+    apply_reasoning,
+    clip_batch,
+    recency,
+    state_keys,
+    unstorable,
+)
 
 _SYNCHRONOUS_NAMES = {0: "OFF", 1: "NORMAL", 2: "FULL", 3: "EXTRA"}
 # Primary result codes worth a retry: busy, locked, I/O error, cannot open, disk full.
@@ -153,12 +162,13 @@ def _upsert(table: str, cols: Sequence[str], key: Sequence[str], merge: Callable
 _UPSERT_STEP = _upsert(
     "run_steps", STEP_COLS, _KEY3, lambda c: "excluded.kind" if c == "kind" else f"coalesce(excluded.{c}, {c})"
 )
-# A run record replaces whole, except the compactor's mark, which a worker's write (None) keeps.
+# A run record replaces whole, except the compactor's mark and the environment (written
+# once, with its run_start), which a write of None keeps (core.merge.merge_run).
 _UPSERT_RUN = _upsert(
     "runs",
     (*RUN_COLS, "recency"),
     _KEY2,
-    lambda c: f"coalesce(excluded.{c}, {c})" if c == "deep_pruned_at" else f"excluded.{c}",
+    lambda c: f"coalesce(excluded.{c}, {c})" if c in KEPT_RUN_FIELDS else f"excluded.{c}",
 )
 _UPSERT_STATE = _upsert("run_state", (*_KEY2, "state"), _KEY2, lambda c: f"excluded.{c}")
 
