@@ -24,9 +24,10 @@
   makes the stored text equal ``clip(all_text, cap)`` whatever the chunking.
 
 The run record's ``environment`` is capped the same way but in UTF-8 bytes of its
-compact JSON text (:func:`json_body_bytes`, ``Limits.environment_bytes``): a value
-within the cap is kept structured, one over it becomes the head of its text ending
-with the marker, at most the cap in bytes, cut on a character boundary.
+compact JSON text as stored (:func:`json_body_bytes`, ``Limits.environment_bytes``):
+a value within the cap is kept structured; one over it becomes a string, the head of
+its text ending with the marker, whose own JSON (quotes and escapes included) is
+within the cap.
 
 The engine clips before it emits; :func:`clip_deep` lets a sink enforce the same
 caps on any record it is handed (a no-op on records the engine produced).
@@ -42,11 +43,10 @@ from stepstream.core.limits import Limits
 from stepstream.core.records import DeepRecord
 
 
-__all__ = ["CLIP_MARKER", "clip", "clip_bytes", "clip_chunk", "clip_deep", "json_body", "json_body_bytes", "json_text"]
+__all__ = ["CLIP_MARKER", "clip", "clip_chunk", "clip_deep", "json_body", "json_body_bytes", "json_text"]
 
 CLIP_MARKER = "\u2026[clipped]"
 _M = len(CLIP_MARKER)
-_MARKER_BYTES = CLIP_MARKER.encode()
 _encoder = msgspec.json.Encoder()
 
 
@@ -78,26 +78,6 @@ def clip_chunk(chunk: str, offset: int, cap: int) -> tuple[str, int, bool]:
     return marker, keep, True
 
 
-def clip_bytes(text: str, cap: int) -> tuple[str, bool]:
-    """``(text, False)`` if its UTF-8 encoding fits in ``cap`` bytes, else its head
-    plus the marker, at most ``cap`` bytes, cut on a character boundary, and ``True``."""
-    data = text.encode("utf-8", "surrogatepass")
-    if len(data) <= cap:
-        return text, False
-    marker = _MARKER_BYTES[: _boundary(_MARKER_BYTES, cap)]
-    keep = _boundary(data, cap - len(marker))
-    return (data[:keep] + marker).decode("utf-8", "surrogatepass"), True
-
-
-def _boundary(data: bytes, cut: int) -> int:
-    """The largest character boundary of UTF-8 ``data`` at or below ``cut``."""
-    if cut >= len(data):
-        return len(data)
-    while cut > 0 and data[cut] & 0xC0 == 0x80:  # a continuation byte: inside a character
-        cut -= 1
-    return cut
-
-
 def json_text(value: Any) -> str:
     """``value`` as JSON text (a string becomes its JSON string literal)."""
     return _encoder.encode(value).decode()
@@ -116,15 +96,24 @@ def json_body(value: Any, cap: int) -> tuple[Any, bool]:
 
 
 def json_body_bytes(value: Any, cap: int) -> tuple[Any, bool]:
-    """:func:`json_body` with the cap in UTF-8 bytes: ``value`` itself when a string's
-    UTF-8 or any other value's compact JSON text fits in ``cap`` bytes, else that
-    text clipped by :func:`clip_bytes`, as a string."""
-    if type(value) is str:
-        return clip_bytes(value, cap)
+    """``(body, clipped)`` with the cap in UTF-8 bytes of the body's compact JSON text,
+    as a store holds it: ``value`` itself when that fits in ``cap`` bytes, else the
+    longest head of what a reader sees (a string, or the value's compact JSON text)
+    plus the marker whose JSON string (quotes and escapes included) fits, as a string.
+    A cap too small for the marker keeps the empty string."""
     data = _encoder.encode(value)
     if len(data) <= cap:
         return value, False
-    return clip_bytes(data.decode(), cap)
+    text = value if type(value) is str else data.decode()
+    # The encoded length grows with the head, so the longest head that fits is a bisection.
+    low, high = -1, min(len(text), cap)
+    while low < high:
+        middle = (low + high + 1) // 2
+        if len(_encoder.encode(text[:middle] + CLIP_MARKER)) <= cap:
+            low = middle
+        else:
+            high = middle - 1
+    return ("" if low < 0 else text[:low] + CLIP_MARKER), True
 
 
 def _clip_body(body: Any, cap: int) -> tuple[Any, bool]:
