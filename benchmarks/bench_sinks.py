@@ -51,7 +51,7 @@ import msgspec
 from stepstream.core.records import DeepRecord, RunRecord, RunState, StepRecord
 from stepstream.pipeline import RowBatch
 from stepstream.sinks import open_deep_store, open_step_store
-from stepstream.sinks.sqlite import deep_schema, step_schema
+from stepstream.sinks.sqlite_operations import deep_schema, step_schema
 
 CHUNK = 2048
 BATCH_ROWS = 500

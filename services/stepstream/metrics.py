@@ -47,7 +47,7 @@ class Metrics:
         self.thinking_flushes = Counter(
             "stepstream_thinking_flushes", "Thinking text flushes, by trigger.", ["trigger"], registry=r
         )
-        self.clipped = Counter("stepstream_clipped_bodies", "Deep bodies clipped at a cap, by field.", ["field"], registry=r)
+        self.clipped = Counter("stepstream_clipped_bodies", "Deep bodies (and run environments) clipped at a cap, by field.", ["field"], registry=r)
         self.steps_dropped = Counter(
             "stepstream_steps_dropped", "Steps dropped beyond the per-run step limit.", registry=r
         )

@@ -137,7 +137,7 @@ async def test_sqlite_unable_to_open_is_unavailable(tmp_path: Path) -> None:
     ],
 )
 def test_sqlite_error_classification(code: int | None, retriable: bool) -> None:
-    from stepstream.sinks.sqlite import is_retriable
+    from stepstream.sinks.sqlite_operations import is_retriable
 
     exc = sqlite3.OperationalError("some failure")
     if code is not None:

@@ -129,12 +129,17 @@ async def test_records_round_trip_exactly(step_store: StepStore) -> None:
 
 
 async def test_run_record_and_state_replace_whole(step_store: StepStore) -> None:
+    """Whole, except the environment (and the compactor's mark): the engine writes it
+    once, with its run_start, so a later record written without one keeps it."""
     await step_store.write(
-        [], [run(agent_name="a", environment="prod", step_count=3)], [state(open_calls={"tool:x": 1})]
+        [], [run(agent_name="a", environment="prod", status="failed", step_count=3)], [state(open_calls={"tool:x": 1})]
     )
     await step_store.write([], [run(agent_name="a", step_count=4)], [state(last_seq=9)])
-    assert await step_store.get_run(COMPANY, "r1") == run(agent_name="a", step_count=4)
+    assert await step_store.get_run(COMPANY, "r1") == run(agent_name="a", environment="prod", step_count=4)
     assert await step_store.load_states(COMPANY, ["r1"]) == {"r1": state(last_seq=9)}
+    # A later run_start's environment replaces it; within one batch too, in order.
+    await step_store.write([], [run(environment={"os": "linux"}), run(step_count=5)], [state(last_seq=10)])
+    assert await step_store.get_run(COMPANY, "r1") == run(environment={"os": "linux"}, step_count=5)
 
 
 async def test_load_states_reads_many_runs(step_store: StepStore) -> None:

@@ -310,6 +310,7 @@ async def _eager_reference(events) -> tuple[MemoryStepStore, MemoryDeepStore]:
         out = fold.flush("close")
         if out is not None:
             batch.add(out)
+    batch.seal()  # as the pipeline does before a write (the run_starts' environments go in)
     steps, deep = MemoryStepStore(), MemoryDeepStore()
     await deep.write(batch.deeps)
     await steps.write(list(batch.steps.values()), list(batch.runs.values()), list(batch.states.values()))

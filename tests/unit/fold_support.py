@@ -84,6 +84,18 @@ def apply_deep(stored: DeepRecord | None, written: DeepRecord) -> DeepRecord:
     return DeepRecord(**data)
 
 
+def apply_run(stored: RunRecord | None, written: RunRecord) -> RunRecord:
+    """A run record replaces whole, but a ``None`` environment or ``deep_pruned_at``
+    keeps the stored one (the environment is written once, with its run_start)."""
+    if stored is None:
+        return written
+    data = msgspec.structs.asdict(written)
+    for name in ("environment", "deep_pruned_at"):
+        if data[name] is None:
+            data[name] = getattr(stored, name)
+    return RunRecord(**data)
+
+
 class Store:
     """What a sink holds after a sequence of writes (steps, deeps, runs, states)."""
 
@@ -103,7 +115,8 @@ class Store:
             key = (deep.company_id, deep.run_id, deep.step_seq)
             self.deeps[key] = apply_deep(self.deeps.get(key), deep)
         if out.run is not None:
-            self.runs[(out.run.company_id, out.run.run_id)] = out.run
+            key = (out.run.company_id, out.run.run_id)
+            self.runs[key] = apply_run(self.runs.get(key), out.run)
         if out.state is not None:
             self.states[(out.state.company_id, out.state.run_id)] = out.state
 

@@ -186,9 +186,9 @@ def test_free_text_fields_are_scrubbed_and_capped():
     s("state_change", key="k " + secret + "y" * 400, value=1)
     s("error", message="boom", kind="kind " + secret)
     s("run_end", status="failed", failure="failed with " + secret)
-    _, outs = fold_all(s.events)
+    store, outs = fold_all(s.events)
     labels = [step.label for out in outs for step in out.steps]
-    run = outs[-1].run
+    run = store.runs[("acme", "r1")]
     for text in [*labels, run.agent_name, run.environment, run.failure.type, run.failure.message]:
         assert secret not in text and len(text) <= 2048
     assert all(len(label) <= 256 for label in labels) and len(run.environment) == 256

@@ -8,7 +8,8 @@ import sqlite3
 from pathlib import Path
 
 from stepstream.core.records import DeepRecord, RunRecord, RunState
-from stepstream.sinks.sqlite import SqliteDeepStore, SqliteStepStore, deep_schema, step_schema
+from stepstream.sinks.sqlite import SqliteDeepStore, SqliteStepStore
+from stepstream.sinks.sqlite_operations import deep_schema, step_schema
 
 OLD_DEEP = deep_schema().replace("  call_event TEXT,\n  result_event TEXT,\n", "")
 OLD_STEPS = step_schema().replace("  start_event_id TEXT,\n  end_event_id TEXT,\n", "")

@@ -23,6 +23,12 @@
   :func:`clip_chunk` clips one chunk so that ``offset + len(chunk) <= cap``, which
   makes the stored text equal ``clip(all_text, cap)`` whatever the chunking.
 
+The run record's ``environment`` is capped the same way but in UTF-8 bytes of its
+compact JSON text as stored (:func:`json_body_bytes`, ``Limits.environment_bytes``):
+a value within the cap is kept structured; one over it becomes a string, the head of
+its text ending with the marker, whose own JSON (quotes and escapes included) is
+within the cap.
+
 The engine clips before it emits; :func:`clip_deep` lets a sink enforce the same
 caps on any record it is handed (a no-op on records the engine produced).
 """
@@ -37,7 +43,7 @@ from stepstream.core.limits import Limits
 from stepstream.core.records import DeepRecord
 
 
-__all__ = ["CLIP_MARKER", "clip", "clip_chunk", "clip_deep", "json_body", "json_text"]
+__all__ = ["CLIP_MARKER", "clip", "clip_chunk", "clip_deep", "json_body", "json_body_bytes", "json_text"]
 
 CLIP_MARKER = "\u2026[clipped]"
 _M = len(CLIP_MARKER)
@@ -87,6 +93,27 @@ def json_body(value: Any, cap: int) -> tuple[Any, bool]:
     if len(text) <= cap:
         return value, False
     return clip(text, cap)
+
+
+def json_body_bytes(value: Any, cap: int) -> tuple[Any, bool]:
+    """``(body, clipped)`` with the cap in UTF-8 bytes of the body's compact JSON text,
+    as a store holds it: ``value`` itself when that fits in ``cap`` bytes, else the
+    longest head of what a reader sees (a string, or the value's compact JSON text)
+    plus the marker whose JSON string (quotes and escapes included) fits, as a string.
+    A cap too small for the marker keeps the empty string."""
+    data = _encoder.encode(value)
+    if len(data) <= cap:
+        return value, False
+    text = value if type(value) is str else data.decode()
+    # The encoded length grows with the head, so the longest head that fits is a bisection.
+    low, high = -1, min(len(text), cap)
+    while low < high:
+        middle = (low + high + 1) // 2
+        if len(_encoder.encode(text[:middle] + CLIP_MARKER)) <= cap:
+            low = middle
+        else:
+            high = middle - 1
+    return ("" if low < 0 else text[:low] + CLIP_MARKER), True
 
 
 def _clip_body(body: Any, cap: int) -> tuple[Any, bool]:

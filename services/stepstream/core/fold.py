@@ -60,6 +60,13 @@ Contracts:
   failure (``core.failures``: a string is the message of type ``unknown``, a missing
   one on a ``failed`` run_end is type ``unknown``, any other shape keeps what it says);
   ``Output.failure_coerced`` names a coerced shape for the count.
+* **The environment is written once.** It rides only on the run record of the
+  Output that applied its run_start (capped at ``Limits.environment_bytes``, clipped
+  and counted in ``Output.clipped`` as ``environment``); every other run record has
+  ``environment=None``, which the stores keep (``core.merge.merge_run``), and no
+  ``RunState`` holds it (one stored with it by an earlier version loads and is
+  dropped), so a batch rewrites a small state, not the environment, and an open
+  fold does not hold it.
 * **Rejection.** An event ``push`` cannot apply raises
   :class:`~stepstream.errors.WireError` before anything changes (the fold is as
   it was, so the caller dead-letters the event and goes on): ``seq_jump`` when
@@ -107,7 +114,7 @@ from typing import Any, Callable
 import msgspec
 
 from stepstream.core import wire
-from stepstream.core.caps import clip, clip_chunk
+from stepstream.core.caps import clip, clip_chunk, json_body_bytes
 from stepstream.core.limits import Limits
 from stepstream.core.envelope import envelope
 from stepstream.core.records import DeepRecord, Failure, RunRecord, RunState, StepRecord
@@ -161,7 +168,7 @@ class RunFold:
         "_dirty", "_max_ts", "_max_ts_str", "_th_ord", "_th_chars", "_th_clipped",
         "_th_started", "_pending", "_tail", "_tail_chars", "_tail_bytes", "_tail_deltas", "_delta_now",
         "_th_env", "_max_steps", "_flush_bytes", "_flush_deltas", "_max_seq_jump", "lazy", "_clean",
-        "late", "_skipped", "_awaiting", "_closes",
+        "late", "_skipped", "_awaiting", "_closes", "_environment",
     )  # fmt: skip
 
     def __init__(
@@ -210,7 +217,10 @@ class RunFold:
         run = state.run
         if run is None:
             run = RunRecord(company_id=self.company_id, run_id=run_id)
-        self._run = msgspec.structs.replace(run, company_id=self.company_id)
+        # A state stored by an earlier version holds the environment: the store has it already.
+        self._run = msgspec.structs.replace(run, company_id=self.company_id, environment=None)
+        # A run_start's environment until an Output carries it (the fold never keeps it).
+        self._environment: dict[str, Any] | str | None = None
         self._dirty = False
         last = self._run.last_event_at
         self._run.last_event_at = None
@@ -373,16 +383,28 @@ class RunFold:
                 # clean again or is a pending tail, which keeps _clean).
                 self._clean = None
                 if self._dirty:
-                    out.run = self  # type: ignore[assignment]
+                    if self._environment is None:
+                        out.run = self  # type: ignore[assignment]
+                    else:  # a run_start's environment rides on a record of its own (the batch keeps it)
+                        out.run = self._with_environment(self._run_copy())
                     self._dirty = False
                 out.state = self  # type: ignore[assignment]
                 return out
             run = self._run_copy()
             if self._dirty:
-                out.run = run
+                out.run = self._with_environment(run)
                 self._dirty = False
             out.state = self._snapshot(run)
         return out
+
+    def _with_environment(self, run: RunRecord) -> RunRecord:
+        """``run`` carrying the environment a run_start set since the last Output with a
+        run record, then forgotten: it is written once, never kept in the state."""
+        environment = self._environment
+        if environment is None:
+            return run
+        self._environment = None
+        return msgspec.structs.replace(run, environment=environment)
 
     def _alloc(self) -> int | None:
         """The next ordinal, or ``None`` when the run is at its step ceiling."""
@@ -540,7 +562,10 @@ class RunFold:
         run.agent_name = scrub(p.agent_name)
         run.start_event_id = event.event_id
         if p.environment is not None:
-            run.environment = scrub(p.environment)  # a string, or an object redacted by key
+            # A string, or an object redacted by key; then capped in bytes as a whole.
+            self._environment, cut = json_body_bytes(scrub(p.environment), self.limits.environment_bytes)
+            if cut:
+                out.clipped.append("environment")
         run.started_at = at
         self._dirty = True
 

@@ -17,7 +17,10 @@ class Limits(msgspec.Struct, frozen=True):
     bytes and deltas pending), the idle timeout (seconds of the injected clock), how
     far past the last applied ``seq`` an event may jump, and how many skipped ``seq``
     ranges a run remembers so that late events can fill them (``late_ranges``; the
-    same bound holds the results that wait for a late call)."""
+    same bound holds the results that wait for a late call). ``environment_bytes``
+    caps the run_start's environment on the run record in UTF-8 bytes of its compact
+    JSON text (``core.caps.json_body_bytes``): it is written once, with its run_start,
+    and is in no fold state, so it is bounded like any field an operator sees."""
 
     reasoning_chars: int = 65536
     output_chars: int = 65536
@@ -28,3 +31,4 @@ class Limits(msgspec.Struct, frozen=True):
     flush_deltas: int = 512
     max_seq_jump: int = 1_000_000
     late_ranges: int = 64
+    environment_bytes: int = 32768

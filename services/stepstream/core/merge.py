@@ -12,6 +12,13 @@ each backend's rows with them):
 * the pipeline's batch coalesces two writes of one row with :func:`merge_deep`,
   which is *defined* as the one write equal to applying both in order.
 
+**Run records** (:func:`merge_run`) replace whole, except the fields of
+:data:`KEPT_RUN_FIELDS`, which a write of ``None`` keeps as stored: the compactor's
+``deep_pruned_at`` mark (the worker never knows it) and the ``environment``, which
+the engine writes once, with its run_start, and never holds in a fold's state
+(memory and files apply :func:`merge_run`, SQLite ``coalesce`` s those columns,
+MongoDB leaves them out of its ``$set``).
+
 **The positional reasoning rule** (:func:`apply_reasoning`): a write carries the
 text from character ``reasoning_offset`` on and overwrites its own span,
 ``stored[:offset] + written + stored[offset + len(written):]``. A chunk never
@@ -27,9 +34,12 @@ from __future__ import annotations
 
 import msgspec
 
-from stepstream.core.records import DeepRecord, StepRecord
+from stepstream.core.records import DeepRecord, RunRecord, StepRecord
 
-__all__ = ["apply_deep", "apply_reasoning", "can_merge_deep", "merge_deep", "merge_step"]
+__all__ = ["KEPT_RUN_FIELDS", "apply_deep", "apply_reasoning", "can_merge_deep", "merge_deep", "merge_run", "merge_step"]
+
+#: The run record fields that a write of ``None`` keeps as stored (module docstring).
+KEPT_RUN_FIELDS = ("environment", "deep_pruned_at")
 
 _STEP_FIELDS = tuple(f for f in StepRecord.__struct_fields__ if f not in ("company_id", "run_id", "step_seq"))
 
@@ -53,6 +63,18 @@ def merge_step(stored: StepRecord | None, written: StepRecord) -> StepRecord:
         if value is not None:
             changes[name] = value
     return msgspec.structs.replace(stored, **changes)
+
+
+def merge_run(stored: RunRecord | None, written: RunRecord) -> RunRecord:
+    """The run record a store holds after ``written`` lands on ``stored``: ``written``
+    whole, but a ``None`` in a field of :data:`KEPT_RUN_FIELDS` keeps the stored value."""
+    if stored is None:
+        return written
+    kept = {}
+    for name in KEPT_RUN_FIELDS:
+        if getattr(written, name) is None and getattr(stored, name) is not None:
+            kept[name] = getattr(stored, name)
+    return msgspec.structs.replace(written, **kept) if kept else written
 
 
 def apply_deep(stored: DeepRecord | None, written: DeepRecord) -> DeepRecord:

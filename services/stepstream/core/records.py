@@ -97,8 +97,12 @@ class Failure(msgspec.Struct, kw_only=True, omit_defaults=True):
 
 
 class RunRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
-    """One run. Always written whole (the engine holds it in the run's state).
-    ``environment`` is the run_start's object (redacted) or string, kept structured.
+    """One run. Written whole, except ``environment`` and ``deep_pruned_at``: a write
+    of ``None`` keeps the stored value (``core.merge.merge_run``). ``environment`` is
+    the run_start's object (redacted) or string, kept structured while its compact
+    JSON is within ``Limits.environment_bytes`` (32,768 UTF-8 bytes), else the head
+    of that text ending with the clip marker; the engine writes it only with its
+    run_start (it is in no ``RunState``).
     ``seq_gaps`` counts the gaps seen, ``late_events`` the events that filled one
     later (duplicates are counted by neither)."""
 
@@ -128,8 +132,9 @@ class RunRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
 
 
 class RunState(msgspec.Struct, kw_only=True):
-    """Durable fold state of one run: small (no text), written with the rows it
-    describes. ``last_seq`` means every event of this run up to it is fully
+    """Durable fold state of one run: small (no text, and its ``run`` never holds the
+    environment: a state stored with one, by an earlier version, still loads, and the
+    fold drops it), written with the rows it describes. ``last_seq`` means every event of this run up to it is fully
     reflected in the sinks and nothing beyond it is. It also counts the events that
     take no new agent ``seq``: ``closes`` compactor closes (``run_close``) and the
     run's ``late_events`` (a late event fills a seq below it), so the last agent

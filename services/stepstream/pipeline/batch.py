@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 from collections import Counter
+from typing import Any
+
+import msgspec
 
 from stepstream.core.fold import Output, RunFold
 from stepstream.core.merge import can_merge_deep, merge_deep, merge_step
@@ -18,14 +21,17 @@ class RowBatch:
     on its rows came from those messages), their event times (for the ingest-lag
     histogram) and the event types applied."""
 
-    __slots__ = ("steps", "deeps", "deep_at", "runs", "states", "records", "message_bytes", "event_ts", "delta_ts",
-                 "types", "ended", "opened")  # fmt: skip
+    __slots__ = ("steps", "deeps", "deep_at", "runs", "environments", "states", "records", "message_bytes",
+                 "event_ts", "delta_ts", "types", "ended", "opened")  # fmt: skip
 
     def __init__(self, now: float = 0.0) -> None:
         self.steps: dict[tuple[str, str, int], StepRecord] = {}
         self.deeps: list[DeepRecord] = []
         self.deep_at: dict[tuple[str, str, int], int] = {}
         self.runs: dict[RunKey, RunRecord] = {}
+        # The environments of the run_starts applied: a later record of the run (or its
+        # lazy fold) has none, and the stores keep what a None leaves (core.merge.merge_run).
+        self.environments: dict[RunKey, Any] = {}
         self.states: dict[RunKey, RunState] = {}
         self.records = 0  # consumed records (or lines) this batch settles
         self.message_bytes = 0  # ... and the bytes of their values
@@ -64,8 +70,12 @@ class RowBatch:
             self.add_deep(deep)
         # A lazy fold (see ``RunFold.durable_state``) gives itself as run and state:
         # :meth:`seal` takes its durable state once, when the batch is sealed.
-        if out.run is not None:
-            self.runs[(out.run.company_id, out.run.run_id)] = out.run
+        run = out.run
+        if run is not None:
+            key = (run.company_id, run.run_id)
+            self.runs[key] = run
+            if type(run) is RunRecord and run.environment is not None:
+                self.environments[key] = run.environment
         if out.state is not None:
             self.states[(out.state.company_id, out.state.run_id)] = out.state
 
@@ -94,5 +104,8 @@ class RowBatch:
             if type(value) is RunFold:
                 run = value.durable_state().run
                 assert run is not None
-                runs[key] = run
+                runs[key] = value = run
+            environment = self.environments.get(key)
+            if environment is not None and value.environment is None:
+                runs[key] = msgspec.structs.replace(value, environment=environment)
         return self

@@ -84,6 +84,7 @@ from stepstream.sinks.semantics import (
     check_limit,
     clip_batch,
     decode_cursor,
+    merge_run,
     merge_step,
     newest_first,
     page,
@@ -181,13 +182,10 @@ def _fold_whole(rows: dict[RunKey, Any], record: RunRecord | RunState) -> None:
 
 
 def _fold_run(rows: dict[RunKey, Any], run: RunRecord) -> None:
-    """A run record replaces whole, except the compactor's mark, which a ``None`` keeps."""
+    """A run record replaces whole, except the compactor's mark and the environment,
+    which a ``None`` keeps (``merge_run``)."""
     key = (run.company_id, run.run_id)
-    if run.deep_pruned_at is None:
-        stored = rows.get(key)
-        if stored is not None and stored.deep_pruned_at is not None:
-            run = msgspec.structs.replace(run, deep_pruned_at=stored.deep_pruned_at)
-    rows[key] = run
+    rows[key] = merge_run(rows.get(key), run)
 
 
 class _IndexLine(msgspec.Struct, omit_defaults=True, kw_only=True):

@@ -27,6 +27,7 @@ from stepstream.sinks.semantics import (
     check_limit,
     clip_batch,
     decode_cursor,
+    merge_run,
     merge_step,
     newest_first,
     page,
@@ -64,10 +65,7 @@ class MemoryStepStore:
             rows[step.step_seq] = merge_step(rows.get(step.step_seq), step)
         for run in batch.runs:
             key = (run.company_id, run.run_id)
-            stored_run = self._runs.get(key)
-            if run.deep_pruned_at is None and stored_run is not None and stored_run.deep_pruned_at is not None:
-                run = msgspec.structs.replace(run, deep_pruned_at=stored_run.deep_pruned_at)
-            self._runs[key] = run
+            self._runs[key] = merge_run(self._runs.get(key), run)
         for state in batch.states:
             self._states[(state.company_id, state.run_id)] = state
         return batch.skipped

@@ -35,9 +35,10 @@ field names everywhere and integers beyond int64 are not BSON at all.
 
 **Writes.** A batch's writes to one row are coalesced, in order, into one
 ``UpdateOne({_id}, {$set: fields}, upsert)`` (later non-None fields win, which is
-what applying them one by one does); run records are the batch's last write
-per run, every field ``$set`` (``None`` as null) except a ``None``
-``deep_pruned_at``, so the compactor's mark survives the worker's writes. Each
+what applying them one by one does); run records are the batch's writes per
+run merged in order (``merge_run``), every field ``$set`` (``None`` as null)
+except a ``None`` ``deep_pruned_at`` or ``environment``, so the compactor's mark
+survives the worker's writes and the environment its run_start wrote stays. Each
 collection gets unordered ``bulk_write`` s (one operation per ``_id``, so their
 order does not matter) and the states go last (no multi-document transactions
 without a replica set, and none at all in FerretDB 1.x).
@@ -150,6 +151,7 @@ from stepstream.errors import ConfigError, SinkError, SinkUnavailable, Stepstrea
 from stepstream.sinks.ports import Capabilities, DeepRun, RunsPage
 from stepstream.sinks.retention import Clock, IndexEntry, batch_ranks, merge_index, now_text, prune_via_marks
 from stepstream.sinks.semantics import (
+    KEPT_RUN_FIELDS,
     ClipHook,
     RunKey,
     admit,
@@ -158,6 +160,7 @@ from stepstream.sinks.semantics import (
     check_limit,
     clip_batch,
     decode_cursor,
+    merge_run,
     newest_first,
     page,
     recency,
@@ -450,11 +453,13 @@ def row_id(company_id: str, run_id: str, step_seq: int | None = None) -> str:
 def _run_write(run: RunRecord, new: bool) -> tuple[dict[str, Any] | None, Any]:
     """The run record's ``(document, update)`` for :meth:`_Connection.upsert` (the
     document only when the caller believes the record ``new``)."""
-    # Every field is set (None as null), except the compactor's deep_pruned_at, which a
-    # worker's write (None) leaves as stored: the record replaces whole but for the mark.
+    # Every field is set (None as null), except the compactor's deep_pruned_at and the
+    # environment (written once, with its run_start), which a write of None leaves as
+    # stored (core.merge.merge_run): the record replaces whole but for those.
     doc = _to_builtins(msgspec.structs.asdict(run))
-    if doc["deep_pruned_at"] is None:
-        del doc["deep_pruned_at"]
+    for name in KEPT_RUN_FIELDS:
+        if doc[name] is None:
+            del doc[name]
     if run.environment is not None:  # free-form keys: JSON text, as step arguments
         doc["environment"] = _json.encode(run.environment).decode()
     doc["recency"] = recency(run)
@@ -480,6 +485,15 @@ def _step_writes(
         update = UpdateOne({"_id": _id}, {"$set": fields}, upsert=True)
         writes.append(({"_id": _id, **fields} if is_new(key) else None, update))
     return writes
+
+
+def _merged_per_run(runs: Sequence[RunRecord]) -> dict[tuple[str, str], RunRecord]:
+    """A batch's run records, one per run: what applying them in order leaves."""
+    merged: dict[tuple[str, str], RunRecord] = {}
+    for run in runs:
+        key = (run.company_id, run.run_id)
+        merged[key] = merge_run(merged.get(key), run)
+    return merged
 
 
 def _last_per_run(records: Sequence[Any]) -> dict[tuple[str, str], Any]:
@@ -674,7 +688,7 @@ class MongoStepStore:
             async with _translated("write run_steps"):
                 await self._conn.upsert("run_steps", _step_writes(batch.steps, is_new))
         if batch.runs:
-            records = _last_per_run(batch.runs)
+            records = _merged_per_run(batch.runs)
             async with _translated("write runs"):
                 await self._conn.upsert(
                     "runs", [_run_write(r, key in with_state and key not in stored) for key, r in records.items()]

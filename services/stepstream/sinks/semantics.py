@@ -3,8 +3,9 @@ batch, run recency and its cursor, the clipping every deep write goes through at
 the port (``core.caps``), and the error a value no backend column can hold becomes.
 
 The merge is ``core.merge`` (re-exported here: :func:`apply_deep`,
-:func:`apply_reasoning`, :func:`merge_step`), the one definition of the write
-semantics of ``core.records``: a stored deep row always starts at character 0,
+:func:`apply_reasoning`, :func:`merge_run`, :func:`merge_step`,
+``KEPT_RUN_FIELDS``), the one definition of the write semantics of
+``core.records``: a stored deep row always starts at character 0,
 a write at ``reasoning_offset`` N overwrites its own span, a deep row's ``ts``
 is the latest it was written with. The memory and file backends apply it in
 Python; SQLite calls :func:`apply_reasoning` from SQL and MongoDB before its
@@ -28,7 +29,7 @@ import msgspec
 
 from stepstream.core.caps import clip_deep
 from stepstream.core.limits import Limits
-from stepstream.core.merge import apply_deep, apply_reasoning, merge_step
+from stepstream.core.merge import KEPT_RUN_FIELDS, apply_deep, apply_reasoning, merge_run, merge_step
 from stepstream.core.records import DeepRecord, RunRecord, RunState, StepRecord
 from stepstream.errors import SinkError
 from stepstream.sinks.ports import InvalidCursor
@@ -37,6 +38,7 @@ RunKey = tuple[str, str]
 
 __all__ = [
     "DEFAULT_LIMITS",
+    "KEPT_RUN_FIELDS",
     "Admitted",
     "ClipHook",
     "RunKey",
@@ -48,6 +50,7 @@ __all__ = [
     "clip_batch",
     "decode_cursor",
     "encode_cursor",
+    "merge_run",
     "merge_step",
     "newest_first",
     "page",

@@ -25,7 +25,9 @@ rolls back). A write that lands after its worker died is the case of a zombie
 writer, which every store write already survives (``docs/worker.md``).
 
 What happens inside one operation (``BEGIN IMMEDIATE`` ... ``COMMIT``, the error
-classes) is ``stepstream.sinks.sqlite``'s; this module is only the transport.
+classes) is ``stepstream.sinks.sqlite_operations``'s; this module is only the
+transport. ``sinks.sqlite`` imports it, it imports the operations, and neither of
+those imports ``sinks.sqlite``.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from typing import IO, Any
 import msgspec
 
 from stepstream.errors import SinkError, SinkUnavailable
+from stepstream.sinks.sqlite_operations import OPERATIONS, open_writer
 
 _HEADER = 8
 _CLOSE_SECONDS = 10.0
@@ -195,14 +198,12 @@ def serve(path: str, synchronous: str, busy_timeout_ms: int, schema: str) -> int
     replies = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
     sys.stdout = sys.stderr  # nothing else may write to the reply stream
 
-    from stepstream.sinks import sqlite as store  # the operations; imported here, not at module level
-
     def reply(value: Any) -> None:
         replies.write(_frame(pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)))
         replies.flush()
 
     try:
-        conn, durability = store.open_writer(path, synchronous, busy_timeout_ms, schema)
+        conn, durability = open_writer(path, synchronous, busy_timeout_ms, schema)
     except SinkError as exc:
         reply(("error", exc.retriable, str(exc)))
         return 1
@@ -217,7 +218,7 @@ def serve(path: str, synchronous: str, busy_timeout_ms: int, schema: str) -> int
             op = body[2 : 2 + size].decode()
             data = memoryview(body)[2 + size :]  # not a copy of the whole batch
             try:
-                fn, types = store.OPERATIONS[op]
+                fn, types = OPERATIONS[op]
                 if fmt == b"m":
                     decoder = decoders.get(op)
                     if decoder is None:
