@@ -117,7 +117,7 @@ from stepstream.core import wire
 from stepstream.core.caps import clip, clip_chunk, json_body_bytes
 from stepstream.core.limits import Limits
 from stepstream.core.envelope import envelope
-from stepstream.core.records import DeepRecord, Failure, RunRecord, RunState, StepRecord
+from stepstream.core.records import DeepRecord, RunRecord, RunState, StepRecord
 from stepstream.core.failures import Coerced, coerce_failure
 from stepstream.core.redact import scrub
 from stepstream.core.steps import CALLS, OPENERS, RESULTS, Rows, call_key, opening_rows, result_rows, thinking_step
