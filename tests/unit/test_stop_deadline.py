@@ -35,12 +35,13 @@ def test_an_armed_deadline_logs_what_is_still_stopping_and_exits_0(caplog):
 
 def test_a_cancelled_or_disabled_deadline_never_exits():
     codes: list[int] = []
-    cancelled = StopDeadline(0.05, lambda: "x", exit=codes.append)
+    # Long enough that arm-then-cancel beats the timer on a loaded machine (0.05 s did not).
+    cancelled = StopDeadline(0.5, lambda: "x", exit=codes.append)
     cancelled.arm()
     cancelled.cancel()
     disabled = StopDeadline(0.0, lambda: "x", exit=codes.append)
     disabled.arm()
-    threading.Event().wait(0.3)
+    threading.Event().wait(1.0)
     assert codes == []
 
 

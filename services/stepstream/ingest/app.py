@@ -217,7 +217,7 @@ class IngestWorker:
         ledger = self.ledger
         end = items[-1][1].offset
         ledger.delivered(tp, items[0][1].offset, end)
-        self.routes.check(tp.topic, tp.partition, (item[1].key for item in items))
+        self.routes.check(tp.topic, tp.partition, [item[1].key for item in items])
         good: list[tuple[Any, Any]] = []
         for event, record, reason, detail in items:
             if event is None:

@@ -105,19 +105,21 @@ class Pipeline:
         """Load the durable state of every run in ``keys`` that is not in memory, in one
         store query per company. :meth:`apply` needs it for a run it has not seen."""
         wanted: dict[str, list[str]] = {}
-        for key in keys:
-            if key in self.folds or key in self._staged or self._pending_state(key) is not _MISSING:
+        folds, staged = self.folds, self._staged
+        for key in dict.fromkeys(keys):  # a fetch repeats its runs' keys: each is looked at once
+            if key in folds or key in staged or self._pending_state(key) is not _MISSING:
                 continue
-            runs = wanted.setdefault(key[0], [])
-            if not runs or runs[-1] != key[1]:
+            runs = wanted.get(key[0])
+            if runs is None:
+                wanted[key[0]] = [key[1]]
+            else:
                 runs.append(key[1])
         if not wanted:
             return
 
         async def one(company: str, runs: list[str]) -> None:
-            unique = list(dict.fromkeys(runs))
-            states = await self.writer.read(lambda: self._steps.load_states(company, unique))
-            for run in unique:
+            states = await self.writer.read(lambda: self._steps.load_states(company, runs))
+            for run in runs:
                 self._staged[(company, run)] = states.get(run)
 
         # The companies' queries at once: one wait instead of one per company.
@@ -148,14 +150,28 @@ class Pipeline:
             journal = self._journals.get(key)
             if journal is None:
                 journal = self._journals[key] = Journal()
-            journal.add(event, tp, offset, out.state is None)
             tag = event.__struct_config__.tag
             batch.types[tag] += 1
-            self._take(key, out, tp, offset, now, event.ts.timestamp(), tag == "thinking_delta")
-            if tag == "run_end":
-                batch.ended.append(key)
+            if (
+                out.state is None
+                and out.run is None
+                and not (out.steps or out.deeps or out.flushes or out.clipped or out.dropped or out.failure_coerced)
+                and not (out.seq_gap or out.late)
+            ):
+                # A delta buffered in the fold's tail (most events of a thinking run):
+                # nothing to batch yet, only what makes it durable later.
+                journal.add(event, tp, offset, True)
+                self._hold(key, tp, offset, now, event.ts.timestamp())
+            else:
+                journal.add(event, tp, offset, out.state is None)
+                self._take(key, out, tp, offset, now, event.ts.timestamp(), tag == "thinking_delta")
+                if tag == "run_end":
+                    batch.ended.append(key)
         # The common case (neither bound reached) without a call.
-        return (len(batch) >= self._batch_records or batch.message_bytes >= self._batch_bytes) and self._full(batch)
+        return (
+            len(batch.steps) + len(batch.deeps) + len(batch.runs) + batch.records >= self._batch_records
+            or batch.message_bytes >= self._batch_bytes
+        ) and self._full(batch)
 
     def _full(self, batch: RowBatch) -> bool:
         """Group commit: a batch of ``batch_records`` is written once the store is free;
@@ -241,12 +257,7 @@ class Pipeline:
             if out.failure_coerced:
                 m.failures_coerced.labels(out.failure_coerced).inc()
         if out.state is None:
-            # Buffered in the fold's tail: durable only when the tail is flushed.
-            self.folds.tails.add(key)
-            if self.ledger is not None and tp is not None:
-                self.ledger.hold(key, tp, offset, now)
-            if ts is not None:
-                self._held_ts.setdefault(key, []).append(ts)
+            self._hold(key, tp, offset, now, ts)
             return
         self.folds.tails.discard(key)
         journal = self._journals.get(key)
@@ -259,6 +270,18 @@ class Pipeline:
             batch.delta_ts.extend(held)
         if ts is not None:
             (batch.delta_ts if delta else batch.event_ts).append(ts)
+
+    def _hold(self, key: RunKey, tp: Hashable, offset: int, now: float, ts: float | None) -> None:
+        """An event buffered in ``key``'s fold tail: durable only when the tail is flushed."""
+        self.folds.tails.add(key)
+        if self.ledger is not None and tp is not None:
+            self.ledger.hold(key, tp, offset, now)
+        if ts is not None:
+            held = self._held_ts.get(key)
+            if held is None:
+                self._held_ts[key] = [ts]
+            else:
+                held.append(ts)
 
     def _flush_tail(self, key: RunKey, trigger: str, now: float) -> None:
         entry = self.folds.get(key)
