@@ -83,14 +83,26 @@ cache="${STEPSTREAM_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/stepstream}"
 libs="${KAFKA_LIBS:-$cache/kafka-4.3.1/libs}"
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 [[ -d "$libs" ]] || { echo "acls.sh: no Kafka jars in $libs: run deploy/kafka/kafka.sh fetch" >&2; exit 1; }
-pids=()
+# The same ACLs as printed, with the principals of identical grants in one command
+# (kafka-acls takes several --allow-principal): fewer JVMs, each a second or two to start.
+for who in "$agents" "$worker" "$compactor"; do
+    [[ "$who" != *[[:space:]]* ]] || { echo "acls.sh: --apply takes principals without spaces (print the commands instead)" >&2; exit 2; }
+done
+declare -A principals=()
+order=()
 for line in "${grants[@]}"; do
     [[ "$line" == "#"* ]] && continue
     IFS=$'\t' read -r -a args <<<"$line"
-    # One short JVM per command, all at once (each takes a second or two to start).
+    rest="${args[*]:2}"
+    [[ -v "principals[$rest]" ]] || order+=("$rest")
+    principals[$rest]+=" --allow-principal ${args[1]}"
+done
+pids=()
+for rest in "${order[@]}"; do
+    # shellcheck disable=SC2086  # principals and grant words: no spaces inside any of them
     java -Xmx128m -XX:+UseSerialGC -XX:TieredStopAtLevel=1 -Xshare:auto \
         -Dlog4j2.configurationFile="$here/log4j2-tools.xml" -cp "$libs/*" \
-        org.apache.kafka.tools.AclCommand "${base[@]}" "${args[@]}" >/dev/null &
+        org.apache.kafka.tools.AclCommand "${base[@]}" ${principals[$rest]} $rest >/dev/null &
     pids+=($!)
 done
 rc=0

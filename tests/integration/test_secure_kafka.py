@@ -262,3 +262,22 @@ async def test_a_refused_sdk_never_blocks_and_counts_the_refusals_as_failed(secu
         assert (stats.failed, stats.sent) == (7, 0), stats
     finally:
         await tracer.aclose()
+
+
+async def test_no_create_topics_checks_existence_and_partition_count(kafka_bootstrap, kafka_topic_factory):
+    from stepstream.config import load_settings
+    from stepstream.errors import ConfigError
+    from stepstream.kafka.topics import ensure_topics
+
+    raw = await kafka_topic_factory(2, prefix="precreated")
+    settings = load_settings({"broker": kafka_bootstrap, "topic": raw, "partitions": 2}, environ={})
+    with pytest.raises(ConfigError, match=rf"topic {raw}\.dlq is not there"):
+        await ensure_topics(settings, create=False)  # and it did not create it
+    with pytest.raises(ConfigError, match="is not there"):
+        await ensure_topics(settings, create=False)
+    dlq = await kafka_topic_factory(2, prefix="precreated-dlq")
+    await ensure_topics(load_settings({"broker": kafka_bootstrap, "topic": raw, "dlq_topic": dlq, "partitions": 2},
+                                      environ={}), create=False)  # fmt: skip
+    wrong = load_settings({"broker": kafka_bootstrap, "topic": raw, "dlq_topic": dlq, "partitions": 4}, environ={})
+    with pytest.raises(ConfigError, match=rf"topic {raw} has 2 partitions, the settings say 4"):
+        await ensure_topics(wrong, create=False)

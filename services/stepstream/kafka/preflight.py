@@ -21,7 +21,7 @@ import ssl
 from collections.abc import Iterable
 
 from stepstream.errors import KafkaRefused
-from stepstream.kafka.connection import KafkaConnection
+from stepstream.kafka.connection import KafkaConnection, effective_protocol
 
 __all__ = ["diagnose", "preflight"]
 
@@ -79,6 +79,7 @@ async def preflight(
     if not names and group is None:
         return
     admin = AIOKafkaAdminClient(**kafka.aiokafka_kwargs(), request_timeout_ms=_REQUEST_MS, client_id="stepstream-preflight")
+    kafka.check_protocol(effective_protocol(admin), "the preflight admin client")
     try:
         try:
             await asyncio.wait_for(admin.start(), timeout / 2)
