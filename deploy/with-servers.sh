@@ -46,7 +46,8 @@ cleanup() {
         rm -rf "$work"
     else
         # The secure broker's certificates and passwords go in any case; its logs stay.
-        rm -rf "$work/kafka/kraft" "$work/ferretdb/db" "$work/kafka-secure/kraft" "$work/kafka-secure/secure"
+        rm -rf "$work/kafka/kraft" "$work/ferretdb/db" "$work/kafka-secure/kraft" "$work/kafka-secure/secure" \
+            "$work/kafka-secure/server.properties"
         echo "with-servers.sh: exit $rc; server logs kept in $work" >&2
     fi
     exit "$rc"
