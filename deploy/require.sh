@@ -6,7 +6,7 @@
 set -euo pipefail
 
 need=(python3 java mvn curl)
-[[ "${1:-}" == test ]] && need+=(go)
+[[ "${1:-}" == test ]] && need+=(go openssl)  # openssl: the secure test broker's certificates
 
 missing=()
 for tool in "${need[@]}"; do
@@ -21,7 +21,7 @@ if ((${#missing[@]})); then
         echo "stepstream: missing on this machine: ${missing[*]}"
         echo "  JDK 17+ and Maven fetch and run the Kafka broker (jars from Maven Central),"
         echo "  Go builds FerretDB, promtool and kustomize (from the Go module proxy), curl probes the servers."
-        echo "  On Debian/Ubuntu: apt-get install openjdk-17-jdk-headless maven golang-go curl python3-venv"
+        echo "  On Debian/Ubuntu: apt-get install openjdk-17-jdk-headless maven golang-go curl python3-venv openssl"
     } >&2
     exit 1
 fi

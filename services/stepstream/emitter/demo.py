@@ -68,16 +68,19 @@ def _call(run: Run, event: wire.Event) -> None:
 
 
 async def run_demo(settings: Settings, *, runs: int, companies: int, seed: int, out: Path | None = None) -> int:
-    from stepstream.ingest.app import ensure_topics
+    from stepstream.kafka.preflight import preflight
+    from stepstream.kafka.topics import ensure_topics
 
-    await ensure_topics(settings)
+    await preflight(settings.kafka, topics=(settings.topic,))
+    if settings.create_topics:  # an agent principal may only WRITE the raw topic: --no-create-topics
+        await ensure_topics(settings)
     events = generate_events(seed, runs=runs, companies=companies)
     sink: IO[bytes] | None = out.open("wb") if out is not None else None
     tee = (lambda value: sink.write(value + b"\n")) if sink is not None else None
     started = time.perf_counter()
     try:
         # The queue holds the whole demo: it is emitted at once, not at an agent's pace.
-        async with Tracer(settings.broker, settings.topic, max_queue=len(events) + 1, flush_timeout=120, tee=tee) as tracer:
+        async with Tracer(settings.kafka, settings.topic, max_queue=len(events) + 1, flush_timeout=120, tee=tee) as tracer:
             replay_on(tracer, events)
         stats = tracer.stats()
     finally:

@@ -6,6 +6,10 @@
     from stepstream.emitter import Tracer
 
     tracer = Tracer("kafka://127.0.0.1:9092")          # or "127.0.0.1:9092"
+    # On a secured cluster (or from STEPSTREAM_KAFKA_* when these are not passed):
+    # Tracer("b0:9093", security_protocol="SASL_SSL", sasl_mechanism="SCRAM-SHA-512",
+    #        sasl_username="agents", sasl_password_file="/run/secrets/kafka-password",
+    #        ssl_cafile="/etc/kafka/ca.pem")
     with tracer.run("acme", agent_name="support-bot") as run:
         run.llm_request("c1", provider="anthropic", model="claude-sonnet-4", input=messages)
         run.thinking("the invoice total looks doubled")
@@ -15,6 +19,13 @@
 
 Contracts:
 
+- **Connection.** Brokers and security form one
+  :class:`~stepstream.kafka.connection.KafkaConnection`: pass one as ``broker``, or a
+  broker string and the security keywords (``security_protocol``, ``sasl_mechanism``,
+  ``sasl_username``, ``sasl_password`` or ``sasl_password_file``, ``ssl_cafile``,
+  ``ssl_certfile``, ``ssl_keyfile``, ``ssl_check_hostname``); what is not passed comes
+  from ``STEPSTREAM_BROKER`` and ``STEPSTREAM_KAFKA_*``, read once, in the constructor.
+  A bad setting raises :class:`~stepstream.errors.ConfigError` there.
 - **Envelope.** Every call builds one wire v1 event: a fresh ``event_id`` (UUID4), the
   run's next ``seq`` (from 0, one counter per run, assigned under the run's lock so
   calls from several threads or tasks still get strictly increasing numbers in the
@@ -30,7 +41,11 @@ Contracts:
   a call on an ended run raises at the call (a bug in the caller, reported where it
   is). A delivery the broker refuses or that times out is counted in
   :attr:`Tracer.failed` and logged (at most every few seconds), never raised into
-  the agent. A broker unreachable at start is retried with backoff until close.
+  the agent. A broker unreachable at start is retried with backoff until close. A
+  broker that refuses the connection (authentication, an untrusted certificate, a TLS
+  handshake) makes every event queued at that moment failed, with one line naming the
+  brokers, mechanism, user and the refusal; it is retried with backoff. A missing ACL
+  on the topic fails each delivery (counted in :attr:`Tracer.failed`).
 - **Flush.** :meth:`Tracer.flush` waits until every queued event is acknowledged or
   failed; :meth:`Tracer.close` (also on leaving ``with``/``async with`` a tracer, and
   at interpreter shutdown for every tracer still open) flushes with
@@ -58,8 +73,8 @@ from typing import Any
 
 import msgspec
 
-from stepstream.config import normalize_broker
 from stepstream.emitter.run import Run
+from stepstream.kafka.connection import KafkaConnection, effective_protocol
 
 __all__ = ["Tracer", "TracerStats"]
 
@@ -67,6 +82,7 @@ log = logging.getLogger("stepstream.emitter")
 
 _WARN_EVERY_SECONDS = 5.0
 _STOP_SECONDS = 3.0
+_DIAGNOSE_SECONDS = 5.0
 
 
 class TracerStats(msgspec.Struct, frozen=True):
@@ -89,9 +105,18 @@ class Tracer:
 
     def __init__(
         self,
-        broker: str = "127.0.0.1:9092",
+        broker: str | KafkaConnection | None = None,
         topic: str = "stepstream.events",
         *,
+        security_protocol: str | None = None,
+        sasl_mechanism: str | None = None,
+        sasl_username: str | None = None,
+        sasl_password: str | None = None,
+        sasl_password_file: str | None = None,
+        ssl_cafile: str | None = None,
+        ssl_certfile: str | None = None,
+        ssl_keyfile: str | None = None,
+        ssl_check_hostname: bool | None = None,
         max_queue: int = 10_000,
         flush_timeout: float = 10.0,
         linger_ms: int = 5,
@@ -99,12 +124,26 @@ class Tracer:
         clock: Callable[[], datetime] | None = None,
         tee: Callable[[bytes], None] | None = None,
     ) -> None:
-        """``broker``: ``host:port`` or ``kafka://host:port`` (several: comma-separated).
-        ``tee``: called with each accepted event's bytes, in queue order (the demo
-        writes them to a file)."""
+        """``broker``: a :class:`KafkaConnection`, or ``host:port`` / ``kafka://host:port``
+        (several: comma-separated; default ``STEPSTREAM_BROKER``, else 127.0.0.1:9092)
+        with the security keywords (module docstring). ``tee``: called with each
+        accepted event's bytes, in queue order (the demo writes them to a file)."""
         if max_queue < 1:
             raise ValueError("max_queue must be at least 1")
-        self.bootstrap = normalize_broker(broker)
+        security = {
+            "security_protocol": security_protocol, "sasl_mechanism": sasl_mechanism,
+            "sasl_username": sasl_username, "sasl_password": sasl_password,
+            "sasl_password_file": sasl_password_file, "ssl_cafile": ssl_cafile, "ssl_certfile": ssl_certfile,
+            "ssl_keyfile": ssl_keyfile, "ssl_check_hostname": ssl_check_hostname,
+        }  # fmt: skip
+        if isinstance(broker, KafkaConnection):
+            if any(value is not None for value in security.values()):
+                raise ValueError("pass the security settings inside the KafkaConnection, not beside it")
+            self.kafka = broker
+        else:
+            self.kafka = KafkaConnection.from_env(None, security, brokers=broker)
+        self.bootstrap = self.kafka.brokers
+        self._client_kwargs = self.kafka.aiokafka_kwargs()  # a bad TLS file raises here, at the caller
         self.topic = topic
         self.max_queue = max_queue
         self.flush_timeout = flush_timeout
@@ -282,6 +321,17 @@ class Tracer:
             self._unsettled -= sent + failed
             self._settled.notify_all()
 
+    def _fail_queued(self) -> int:
+        """Count every queued (not in flight) event as failed; returns how many."""
+        with self._lock:
+            count = len(self._queue)
+            self._queue.clear()
+            if not self._abandoned:
+                self._failed += count
+                self._unsettled -= count
+            self._settled.notify_all()
+        return count
+
     def _warn(self, message: str, *args: object) -> None:
         now = time.monotonic()
         if now - self._last_warning >= _WARN_EVERY_SECONDS:
@@ -291,6 +341,8 @@ class Tracer:
     async def _sender(self) -> None:
         from aiokafka import AIOKafkaProducer
         from aiokafka.errors import KafkaError
+
+        from stepstream.kafka.preflight import diagnose
 
         self._wake = wake = asyncio.Event()
         self._loop = asyncio.get_running_loop()
@@ -303,18 +355,28 @@ class Tracer:
                     if self._stopping:
                         return
                     candidate = AIOKafkaProducer(
-                        bootstrap_servers=self.bootstrap,
+                        **self._client_kwargs,
                         acks="all",
                         enable_idempotence=True,
                         linger_ms=self._linger_ms,
                         request_timeout_ms=self._request_timeout_ms,
                         client_id="stepstream-tracer",
                     )
+                    # Raises ConfigError, which stops the sender (logged; close counts the rest failed).
+                    self.kafka.check_protocol(effective_protocol(candidate), "the tracer's producer")
                     try:
                         await candidate.start()
-                    except KafkaError as exc:
+                    except Exception as exc:  # noqa: BLE001 - KafkaError, or a TLS error aiokafka lets through
                         await candidate.stop()
-                        self._warn("stepstream tracer: broker %s unreachable (%s); retrying", self.bootstrap, type(exc).__name__)
+                        refused = await diagnose(self.kafka, _DIAGNOSE_SECONDS)
+                        if refused is not None:
+                            # Not transient: what waits now is counted as failed (credentials
+                            # may be fixed meanwhile, so later events are tried again).
+                            failed = self._fail_queued()
+                            self._warn("stepstream tracer: Kafka refused %s: %s (%d events counted as failed); retrying",
+                                       self.kafka.describe(), refused, failed)  # fmt: skip
+                        else:
+                            self._warn("stepstream tracer: broker %s unreachable (%s); retrying", self.bootstrap, type(exc).__name__)
                         await _wait(wake, backoff)
                         wake.clear()
                         backoff = min(backoff * 2, 5.0)
