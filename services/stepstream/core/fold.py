@@ -560,6 +560,8 @@ class RunFold:
         p = event.payload
         run = self._run
         run.agent_name = scrub(p.agent_name)
+        if p.session_id is not None:
+            run.session_id = scrub(p.session_id)
         run.start_event_id = event.event_id
         if p.environment is not None:
             # A string, or an object redacted by key; then capped in bytes as a whole.

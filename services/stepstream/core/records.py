@@ -109,6 +109,8 @@ class RunRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
     company_id: str
     run_id: str
     agent_name: str | None = None
+    # The run_start's session_id (a conversation the run is part of), credential-masked.
+    session_id: str | None = None
     environment: dict[str, Any] | str | None = None
     status: RunStatus = "running"
     failure: Failure | None = None

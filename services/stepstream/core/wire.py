@@ -66,6 +66,9 @@ class RunStartPayload(msgspec.Struct, omit_defaults=True):
     # Any JSON object (the ``.sftrace`` manifest's shape); a string is accepted too.
     environment: dict[str, Any] | str | None = None
     metadata: dict[str, Any] | None = None
+    # The conversation or session the run belongs to (OpenTelemetry's gen_ai.conversation.id
+    # or session.id); the run record keeps it, credential-masked.
+    session_id: Annotated[str, msgspec.Meta(max_length=256)] | None = None
 
 
 class LlmRequestPayload(msgspec.Struct, omit_defaults=True):
