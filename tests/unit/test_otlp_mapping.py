@@ -248,3 +248,26 @@ def test_the_session_is_on_the_run_record_credential_masked():
     store, _ = fold_all([start])
     (record,) = store.runs.values()
     assert record.session_id.startswith("conv ") and SECRET not in record.session_id
+
+
+def _shape(events: list) -> list:
+    """The events without what changes from one recording to the next (ids, times, ports)."""
+    shapes = []
+    for event in events:
+        payload = msgspec.to_builtins(event.payload)
+        payload.pop("call_id", None)  # span ids where no tool call id is recorded
+        payload.pop("metadata", None)
+        shapes.append((type(event).__struct_config__.tag, payload))
+    return shapes
+
+
+def test_the_fixtures_are_what_the_pinned_libraries_record(tmp_path):
+    import subprocess
+    import sys
+
+    subprocess.run([sys.executable, str(FIXTURES / "record.py"), "--out", str(tmp_path)], check=True, capture_output=True)
+    for family in sorted(EXPECTED):
+        for form in ("pb", "json"):
+            _, fresh = _events((tmp_path / f"{family}.{form}").read_bytes())
+            _, golden = _events((FIXTURES / f"{family}.{form}").read_bytes())
+            assert [_shape(run) for run in fresh.values()] == [_shape(run) for run in golden.values()], (family, form)

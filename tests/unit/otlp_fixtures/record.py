@@ -1,6 +1,6 @@
 """Record the golden OTLP fixtures of tests/unit/test_otlp_*.py from the real libraries.
 
-    .venv/bin/python tests/unit/otlp_fixtures/record.py [FAMILY ...]
+    .venv/bin/python tests/unit/otlp_fixtures/record.py [--out DIR] [FAMILY ...]
 
 Each convention family runs in its own process (instrumentors patch the openai client
 globally): an agent built with the real ``openai`` client, instrumented by
@@ -116,7 +116,7 @@ def _conversation(client, run_tool):
     return final.choices[0].message.content
 
 
-def _record(family: str) -> None:
+def _record(family: str, out: Path) -> None:
     os.environ["OTEL_SEMCONV_STABILITY_OPT_IN"] = "gen_ai_latest_experimental"
     os.environ["OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"] = "SPAN_ONLY"
     os.environ["TRACELOOP_TRACE_CONTENT"] = "true"
@@ -217,7 +217,7 @@ def _record(family: str) -> None:
     provider.force_flush()
     spans = exporter.get_finished_spans()
     request = encode_spans(spans)
-    (HERE / f"{family}.pb").write_bytes(request.SerializeToString())
+    (out / f"{family}.pb").write_bytes(request.SerializeToString())
     document = MessageToDict(request, use_integers_for_enums=True)
     for resource_spans in document.get("resourceSpans", []):
         for scope_spans in resource_spans.get("scopeSpans", []):
@@ -225,14 +225,22 @@ def _record(family: str) -> None:
                 for field in ("traceId", "spanId", "parentSpanId"):
                     if field in span:
                         span[field] = __import__("base64").b64decode(span[field]).hex()
-    (HERE / f"{family}.json").write_text(json.dumps(document, indent=1, sort_keys=True) + "\n")
+    (out / f"{family}.json").write_text(json.dumps(document, indent=1, sort_keys=True) + "\n")
     print(f"{family}: {len(spans)} spans", file=sys.stderr)
 
 
-if __name__ == "__main__":
-    names = sys.argv[1:] or list(FAMILIES)
+def main(argv: list[str]) -> None:
+    out = HERE
+    if argv[:1] == ["--out"]:
+        out, argv = Path(argv[1]), argv[2:]
+    names = argv or list(FAMILIES)
     if len(names) == 1 and os.environ.get("_RECORD_CHILD"):
-        _record(names[0])
-    else:
-        for name in names:
-            subprocess.run([sys.executable, __file__, name], check=True, env={**os.environ, "_RECORD_CHILD": "1"})
+        _record(names[0], out)
+        return
+    for name in names:
+        env = {**os.environ, "_RECORD_CHILD": "1"}
+        subprocess.run([sys.executable, __file__, "--out", str(out), name], check=True, env=env)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
