@@ -151,6 +151,7 @@ class Output(msgspec.Struct):
 _Handler = Callable[["RunFold", Any, str, Output], None]
 _ThinkingDelta = wire.ThinkingDelta
 _RunClose = wire.RunClose
+_UNSEQUENCED = wire.UNSEQUENCED
 
 
 def _utf8_len(text: str) -> int:
@@ -168,7 +169,7 @@ class RunFold:
         "_dirty", "_max_ts", "_max_ts_str", "_th_ord", "_th_chars", "_th_clipped",
         "_th_started", "_pending", "_tail", "_tail_chars", "_tail_bytes", "_tail_deltas", "_delta_now",
         "_th_env", "_max_steps", "_flush_bytes", "_flush_deltas", "_max_seq_jump", "lazy", "_clean",
-        "late", "_skipped", "_awaiting", "_closes", "_environment",
+        "late", "_skipped", "_awaiting", "_closes", "_environment", "_applied", "_max_applied",
     )  # fmt: skip
 
     def __init__(
@@ -203,6 +204,9 @@ class RunFold:
         elif (state.company_id, state.run_id) != (company_id, run_id):
             raise ValueError(f"state of {state.company_id}/{state.run_id} given to {company_id}/{run_id}")
         self._closes = state.closes
+        # Unsequenced events applied (their id hashes, oldest first): see push.
+        self._applied: dict[int, None] = dict.fromkeys(state.applied_ids)
+        self._max_applied = limits.applied_ids
         self._last_seq = state.agent_seq  # the last agent seq applied
         self._next = state.next_ordinal
         self._open: dict[str, int] | None = dict(state.open_calls) if state.open_calls else None
@@ -244,8 +248,39 @@ class RunFold:
         """Apply one event of this run; ``None`` if its ``seq`` was already applied.
         ``now`` is the injected clock, used only by :meth:`flush_idle`.
 
+        An *unsequenced* event (its id starts with :data:`~stepstream.core.wire.UNSEQUENCED`:
+        made from an OpenTelemetry span, which has no agent ``seq``) takes the next
+        ``seq`` on arrival and is a duplicate when its id was applied already: the run
+        keeps the ids applied (a 53-bit hash of each, at most ``Limits.applied_ids``, the
+        oldest forgotten) in its durable state.
+
         Raises ``WireError`` (``seq_jump``, ``out_of_range``) for an event it cannot
         apply, leaving the fold unchanged, and ``ValueError`` for an event of another run."""
+        if event.event_id.startswith(_UNSEQUENCED) and type(event) is not _RunClose:
+            applied = self._applied
+            key = wire.id_hash(event.event_id)
+            if key in applied:
+                self.stale += 1
+                return None
+            if self.lazy and not self._pending and self._clean is None and type(event) is _ThinkingDelta:
+                # The clean state this delta's tail may be held back to must not hold its id.
+                self._clean = self._snapshot(self._run_copy())
+            if len(applied) >= self._max_applied:
+                oldest = next(iter(applied))
+                del applied[oldest]
+            else:
+                oldest = None
+            applied[key] = None  # before the push: the state it snapshots holds the id
+            try:
+                return self._push(msgspec.structs.replace(event, seq=self._last_seq + 1), now)
+            except BaseException:  # refused: the fold is as it was
+                del applied[key]
+                if oldest is not None:
+                    self._applied = applied = {oldest: None, **applied}
+                raise
+        return self._push(event, now)
+
+    def _push(self, event: wire.Event, now: float) -> Output | None:
         if event.run_id != self.run_id or event.company_id != self.company_id:
             raise ValueError(f"event of {event.company_id}/{event.run_id} pushed to {self.company_id}/{self.run_id}")
         if type(event) is _RunClose:
@@ -364,6 +399,7 @@ class RunFold:
             skipped_seqs=self._skipped,
             awaiting_calls={} if self._awaiting is None else dict(self._awaiting),
             closes=self._closes,
+            applied_ids=tuple(self._applied),
         )
 
     def durable_state(self) -> RunState:

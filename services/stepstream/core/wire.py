@@ -24,6 +24,7 @@ Python's recursion limit, at a depth that depends on the caller's stack.
 
 from __future__ import annotations
 
+import hashlib
 from datetime import datetime
 from typing import Annotated, Any, Literal, Union
 
@@ -349,6 +350,16 @@ def decode_event(data: bytes | bytearray | memoryview | str, *, max_bytes: int |
 def encode_event(event: Event) -> bytes:
     """Encode an event back to wire bytes (used by the emitter and tests)."""
     return _encoder.encode(event)
+
+
+# Events whose id starts so carry no agent seq: the fold numbers them on arrival and
+# skips a redelivery by id (core.fold.RunFold.push). Made by the OTLP stage from spans.
+UNSEQUENCED = "otlp:"
+
+
+def id_hash(event_id: str) -> int:
+    """A stable 53-bit hash of an event id (exact as a JSON number in every reader)."""
+    return int.from_bytes(hashlib.blake2b(event_id.encode(), digest_size=8).digest(), "big") >> 11
 
 
 def partition_key(company_id: str, run_id: str) -> bytes:
