@@ -281,9 +281,11 @@ def _tool(build: _Builder, error: tuple[str, str] | None) -> None:
     build.add("result", wire.ToolResult, span.end_ns, wire.ToolResultPayload(call_id=call_id, output=result, is_error=error is not None))
 
 
-def span_events(span: Span, company_id: str, run_id: str) -> tuple[list[tuple[str, wire.Event]], list[Rejected]]:
+def span_events(
+    span: Span, company_id: str, run_id: str, max_event_bytes: int | None = None
+) -> tuple[list[tuple[str, wire.Event]], list[Rejected]]:
     """The ``(role, event)`` pairs of one span, ``seq`` 0 (module docstring), and the
-    events refused by the wire bounds."""
+    events refused by the wire bounds (``max_event_bytes``: the raw topic's ``oversize``)."""
     build = _Builder(company_id, run_id, span)
     kind = classify(span)
     root = span.parent_span_id is None
@@ -302,7 +304,7 @@ def span_events(span: Span, company_id: str, run_id: str) -> tuple[list[tuple[st
     rejected: list[Rejected] = []
     for role, event in build.events:
         try:
-            checked.append((role, wire.decode_event(wire.encode_event(event))))
+            checked.append((role, wire.decode_event(wire.encode_event(event), max_bytes=max_event_bytes)))
         except WireError as exc:
             rejected.append(Rejected(exc.reason, f"the {role} event of a span: {exc.detail}"))
     return checked, rejected

@@ -34,7 +34,7 @@ class Mapped(msgspec.Struct):
     rejected: list[Rejected]
 
 
-def map_spans(spans: list[Span], header: str | None, policy: IdentityPolicy) -> Mapped:
+def map_spans(spans: list[Span], header: str | None, policy: IdentityPolicy, max_event_bytes: int | None = None) -> Mapped:
     events: list[tuple[str, str, Any]] = []
     rejected: list[Rejected] = []
     companies: dict[int, str | WireError] = {}  # per resource (the spans of one share its dict)
@@ -55,7 +55,7 @@ def map_spans(spans: list[Span], header: str | None, policy: IdentityPolicy) -> 
         except WireError as exc:
             rejected.append(Rejected(exc.reason, exc.detail))
             continue
-        pairs, refused = span_events(span, company, run)
+        pairs, refused = span_events(span, company, run, max_event_bytes)
         rejected.extend(refused)
         span_id = span.span_id
         events.extend((role, span_id, event) for role, event in pairs)
