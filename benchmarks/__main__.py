@@ -29,7 +29,7 @@ def main() -> int:
     print("\n== OTLP (decode alone: upb vs pure-Python protobuf vs JSON; decode + mapping vs native decode) ==", flush=True)
     from benchmarks import bench_otlp
 
-    bench_otlp.main(["--traces", "300", "--rounds", "1"] if args.quick else [])
+    bench_otlp.main((["--broker", args.broker] if args.broker else []) + (["--traces", "300", "--rounds", "1"] if args.quick else []))
     print("\n== API (concurrent readers while a writer ingests into the same SQLite store) ==", flush=True)
     from benchmarks import bench_api
 

@@ -3,7 +3,7 @@
     python -m benchmarks.bench_otlp [--traces N] [--rounds R]
 
 A corpus of export requests made from the golden fixtures (tests/unit/otlp_fixtures: the
-three convention families, each trace copied with fresh trace ids), 200 traces (1,000
+three convention families, each trace copied with fresh trace ids), 50 traces (250
 spans) per request as a Collector's batch holds them. Measured, spans per second of one
 core:
 
@@ -11,7 +11,11 @@ core:
   the pure-Python backend (a subprocess with ``PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION=python``,
   for the ratio), ``otlp_json``;
 * decode + identity + mapping to checked wire events (what a bridge stage costs per span),
-  beside ``wire.decode_event`` of native events of the same runs (per event).
+  beside ``wire.decode_event`` of native events of the same runs (per event);
+* with ``--broker``: ``stepstream worker`` into SQLite from the OTLP topic (``otlp_proto``
+  batches; the worker bridges them to its raw topic and folds them), beside the same
+  worker over the same events pre-loaded on the raw topic as native events (numbered,
+  ``span:`` ids): spans/s and the ratio.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "unit" / "otlp_fixtur
 FAMILIES = ("genai", "openinference", "traceloop")
 
 
-def corpus(traces: int, per_request: int = 200) -> tuple[list[bytes], list[bytes], int]:
+def corpus(traces: int, per_request: int = 50) -> tuple[list[bytes], list[bytes], int]:
     """``(proto requests, json requests, spans)``."""
     import base64
     import json
@@ -95,10 +99,65 @@ def _proto_only(traces: int, rounds: int) -> float:
     return _rate(lambda: [decode_request(data) for data in protos], spans, rounds)
 
 
+def _through_worker(broker: str, protos: list[bytes], events: list, spans: int) -> None:
+    import asyncio
+    import tempfile
+    import uuid
+
+    import msgspec
+
+    from benchmarks.bench_worker import PARTITIONS, preload
+    from benchmarks.worker_process import Worker, WorkerFailed
+    from stepstream.config import load_settings
+    from stepstream.core import wire
+    from stepstream.ingest.app import ensure_topics
+
+    def topics(otlp: str = "") -> str:
+        raw = f"otlp-bench-{uuid.uuid4().hex[:6]}"
+        settings = load_settings({"broker": broker, "topic": raw, "partitions": PARTITIONS, "otlp_topic": otlp}, environ={})
+        asyncio.run(ensure_topics(settings))
+        return raw
+
+    seqs: dict = {}
+    native = []
+    for event in events:
+        key = (event.company_id, event.run_id)
+        seqs[key] = seqs.get(key, -1) + 1
+        copy = msgspec.structs.replace(event, event_id="span:" + event.event_id[5:], seq=seqs[key])
+        native.append((wire.partition_key(*key), wire.encode_event(copy)))
+    results = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in ("otlp", "native"):
+            otlp = f"otlp-in-{uuid.uuid4().hex[:6]}" if name == "otlp" else ""
+            raw = topics(otlp)
+            if otlp:
+                asyncio.run(preload(broker, otlp, [(None, data) for data in protos]))  # type: ignore[misc]
+            else:
+                asyncio.run(preload(broker, raw, native))
+            env = {"STEPSTREAM_OTLP_TOPIC": otlp, "STEPSTREAM_OTLP_COMPANY": "acme"} if otlp else {}
+            worker = Worker(broker, raw, Path(tmp), name, steps_sink=f"sqlite:///{tmp}/{name}.db", partitions=PARTITIONS, env=env)
+            try:
+                worker.wait_up()
+                results[name] = worker.measure(len(events), budget=60.0, timeout=400.0)
+            except WorkerFailed as exc:
+                print(f"worker ({name}): n/a: {exc}")
+                return
+            finally:
+                worker.stop()
+    per_span = len(events) / spans
+    otlp_rate, native_rate = results["otlp"].rate / per_span, results["native"].rate / per_span
+    print(f"worker from the OTLP topic:  {otlp_rate:>10,.0f} spans/s ({results['otlp'].rate:,.0f} events/s,"
+          f" {results['otlp'].cpu_us_per_event:.0f} us CPU/event)")  # fmt: skip
+    print(f"worker, same events native:  {native_rate:>10,.0f} spans/s ({results['native'].rate:,.0f} events/s,"
+          f" {results['native'].cpu_us_per_event:.0f} us CPU/event)")  # fmt: skip
+    print(f"OTLP / native: {otlp_rate / native_rate:.2f}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_otlp")
     parser.add_argument("--traces", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--broker", default=None, help="also measure stepstream worker from the OTLP topic")
     args = parser.parse_args(argv)
 
     from stepstream.core import wire
@@ -132,6 +191,9 @@ def main(argv: list[str] | None = None) -> int:
           f"  ({len(native) / spans:.2f} events/span)")  # fmt: skip
     print(f"native wire decode_event:   {native_rate:>10,.0f} events/s {1e6 / native_rate:6.1f} us/event"
           f"  (decode+map per event is {native_rate * len(native) / spans / bridge_rate:.1f}x native decode)")  # fmt: skip
+    if args.broker:
+        ordered = [e for run in runs_of(events).values() for e in run]
+        _through_worker(args.broker, protos, ordered, spans)
     return 0
 
 
