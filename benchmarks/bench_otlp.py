@@ -167,6 +167,9 @@ def main(argv: list[str] | None = None) -> int:
 
     protos, jsons, spans = corpus(args.traces)
     policy = IdentityPolicy(default_company="acme")
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    parse_rate = _rate(lambda: [ExportTraceServiceRequest.FromString(data) for data in protos], spans, args.rounds)
     proto_rate = _rate(lambda: [decode_request(data) for data in protos], spans, args.rounds)
     json_rate = _rate(lambda: [decode_request(data) for data in jsons], spans, args.rounds)
     python_rate = _python_backend_rate(args.traces, max(args.rounds - 1, 1))
@@ -180,7 +183,9 @@ def main(argv: list[str] | None = None) -> int:
     native = [wire.encode_event(e) for run in runs_of(events).values() for e in run]
     native_rate = _rate(lambda: [wire.decode_event(data) for data in native], len(native), args.rounds)
 
-    print(f"corpus: {spans} spans in {len(protos)} requests; {len(native)} wire events; protobuf backend {protobuf_backend()}")
+    print(f"corpus: {spans} spans in {len(protos)} requests; {len(native)} wire events; protobuf backend {protobuf_backend()};"
+          f" load average {os.getloadavg()[0]:.1f}")  # fmt: skip
+    print(f"parse only ({protobuf_backend()}, no spans):{parse_rate:>10,.0f} spans/s  {1e6 / parse_rate:6.1f} us/span")
     print(f"decode otlp_proto ({protobuf_backend()}):  {proto_rate:>10,.0f} spans/s  {1e6 / proto_rate:6.1f} us/span")
     if python_rate is not None:
         print(f"decode otlp_proto (python): {python_rate:>10,.0f} spans/s  {1e6 / python_rate:6.1f} us/span"

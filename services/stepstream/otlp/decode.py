@@ -102,7 +102,8 @@ def protobuf_backend() -> str:
 def _proto_value(value: Any, values: Values, depth: int) -> Any:
     which = value.WhichOneof("value")
     if which == "string_value":
-        return values.text(value.string_value)
+        text = value.string_value
+        return text if len(text) <= values.bounds.string_chars else values.text(text)
     if which == "int_value":
         return value.int_value
     if which == "bool_value":
@@ -124,7 +125,17 @@ def _proto_value(value: Any, values: Values, depth: int) -> Any:
 
 def _proto_attributes(attributes: Any, values: Values, limit: int) -> dict[str, Any]:
     pairs = attributes if len(attributes) <= limit else values.take(list(attributes), limit)
-    return {values.text(kv.key): _proto_value(kv.value, values, 1) for kv in pairs}
+    chars = values.bounds.string_chars
+    out: dict[str, Any] = {}
+    for kv in pairs:
+        key = kv.key
+        value = kv.value
+        if value.WhichOneof("value") == "string_value":  # the common case, inline
+            text = value.string_value
+            out[key if len(key) <= chars else values.text(key)] = text if len(text) <= chars else values.text(text)
+        else:
+            out[key if len(key) <= chars else values.text(key)] = _proto_value(value, values, 1)
+    return out
 
 
 def _decode_proto(data: bytes, bounds: SpanBounds) -> Decoded:

@@ -51,6 +51,8 @@ def _indexed(attributes: dict[str, Any], prefix: str) -> list[dict[str, Any]]:
     """``prefix.N.rest = value`` attributes as a list (by N) of ``{rest: value}``."""
     groups: dict[int, dict[str, Any]] = {}
     size = len(prefix)
+    if not any(key.startswith(prefix) for key in attributes):
+        return []
     for key, value in attributes.items():
         if not key.startswith(prefix):
             continue
