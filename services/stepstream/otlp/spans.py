@@ -26,7 +26,7 @@ import msgspec
 from stepstream.core.caps import CLIP_MARKER, clip
 from stepstream.core.limits import Limits
 
-__all__ = ["SPAN_KINDS", "STATUS_ERROR", "STATUS_OK", "STATUS_UNSET", "Span", "SpanBounds", "SpanEvent", "Values"]
+__all__ = ["SPAN_KINDS", "STATUS_ERROR", "STATUS_OK", "STATUS_UNSET", "Decoded", "Rejected", "Span", "SpanBounds", "SpanEvent", "Values"]
 
 STATUS_UNSET, STATUS_OK, STATUS_ERROR = 0, 1, 2
 SPAN_KINDS = ("unspecified", "internal", "server", "client", "producer", "consumer")
@@ -66,6 +66,22 @@ class Span(msgspec.Struct, kw_only=True):
     scope: str = ""
     # How many values the bounds cut or dropped while decoding this span.
     clipped: int = 0
+
+
+class Rejected(msgspec.Struct, frozen=True):
+    """A span of the request that is not used, and why (a named reason, no value)."""
+
+    reason: str
+    detail: str
+
+
+class Decoded(msgspec.Struct):
+    """What one export request held: its form, the spans kept, the spans refused."""
+
+    format: str
+    spans: list[Span]
+    rejected: list[Rejected]
+
 
 
 class Values:
