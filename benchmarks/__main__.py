@@ -28,6 +28,10 @@ def main() -> int:
     print("\n== sinks (SQLite / MongoDB vs bare driver) ==", flush=True)
     quick_sinks = ["--batches", "10", "--rounds", "1", "--mongo-batches", "2"] if args.quick else []
     bench_sinks.main((["--mongo", args.mongo] if args.mongo else []) + quick_sinks)
+    print("\n== OTLP (decode alone: upb vs pure-Python protobuf vs JSON; decode + mapping vs native decode) ==", flush=True)
+    from benchmarks import bench_otlp
+
+    bench_otlp.main((["--broker", args.broker] if args.broker else []) + (["--traces", "300", "--rounds", "1"] if args.quick else []))
     print("\n== API (concurrent readers while a writer ingests into the same SQLite store) ==", flush=True)
     from benchmarks import bench_api
 

@@ -80,6 +80,14 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # then the process exits 0 anyway (ingest/stopping.py). 0: wait for faust.
     stop_grace_seconds: float = 15.0
     max_event_bytes: int = 1_048_576
+    # OpenTelemetry in (ingest/otlp_bridge.py, docs/otel.md): the OTLP topic the worker
+    # also consumes (off unless set), the largest export request it takes, the company of
+    # its spans when no stepstream-company header names one, and whether a resource's
+    # stepstream.company_id attribute may name it (anyone who can write the topic could).
+    otlp_topic: str = ""
+    otlp_max_message_bytes: int = 8_388_608
+    otlp_company: str = ""
+    otlp_trust_resource_company: bool = False
     lag_poll_seconds: float = 2.0
     log_level: str = "warning"
     # The read API (``stepstream api``); tokens live in ``tokens_file``.

@@ -52,6 +52,10 @@ class Metrics:
             "stepstream_steps_dropped", "Steps dropped beyond the per-run step limit.", registry=r
         )
         self.seq_gaps = Counter("stepstream_seq_gaps", "Runs' sequence gaps seen.", registry=r)
+        self.otlp = Counter(
+            "stepstream_otlp", "OTLP topic: spans decoded, wire events produced, spans or events rejected by reason.",
+            ["what"], registry=r,
+        )  # fmt: skip
         self.runs_pruned = Counter("stepstream_runs_pruned", "Runs whose deep bodies were pruned.", registry=r)
         self.open_runs = Gauge("stepstream_open_runs", "Runs with fold state in memory.", registry=r)
         self.stale_runs = Counter(

@@ -30,6 +30,7 @@ class Run(msgspec.Struct, kw_only=True):
     company_id: str
     run_id: str
     agent_name: str | None
+    session_id: str | None = None  # the conversation or session the run is part of
     environment: dict[str, Any] | str | None  # the run_start's object (redacted) or string
     status: Literal["running", "completed", "failed", "abandoned"]
     failure: RunFailure | None
@@ -88,6 +89,7 @@ def run_view(record: RunRecord) -> Run:
         company_id=record.company_id,
         run_id=record.run_id,
         agent_name=record.agent_name,
+        session_id=record.session_id,
         environment=record.environment,
         status=record.status,
         failure=None

@@ -151,6 +151,7 @@ class Output(msgspec.Struct):
 _Handler = Callable[["RunFold", Any, str, Output], None]
 _ThinkingDelta = wire.ThinkingDelta
 _RunClose = wire.RunClose
+_UNSEQUENCED = wire.UNSEQUENCED
 
 
 def _utf8_len(text: str) -> int:
@@ -168,7 +169,7 @@ class RunFold:
         "_dirty", "_max_ts", "_max_ts_str", "_th_ord", "_th_chars", "_th_clipped",
         "_th_started", "_pending", "_tail", "_tail_chars", "_tail_bytes", "_tail_deltas", "_delta_now",
         "_th_env", "_max_steps", "_flush_bytes", "_flush_deltas", "_max_seq_jump", "lazy", "_clean",
-        "late", "_skipped", "_awaiting", "_closes", "_environment",
+        "late", "_skipped", "_awaiting", "_closes", "_environment", "_applied", "_max_applied",
     )  # fmt: skip
 
     def __init__(
@@ -203,6 +204,9 @@ class RunFold:
         elif (state.company_id, state.run_id) != (company_id, run_id):
             raise ValueError(f"state of {state.company_id}/{state.run_id} given to {company_id}/{run_id}")
         self._closes = state.closes
+        # Unsequenced events applied (their id hashes, oldest first): see push.
+        self._applied: dict[int, None] = dict.fromkeys(state.applied_ids)
+        self._max_applied = limits.applied_ids
         self._last_seq = state.agent_seq  # the last agent seq applied
         self._next = state.next_ordinal
         self._open: dict[str, int] | None = dict(state.open_calls) if state.open_calls else None
@@ -240,12 +244,20 @@ class RunFold:
         snapshot: this one omits any pending tail."""
         return self._snapshot(self._run_copy())
 
-    def push(self, event: wire.Event, now: float) -> Output | None:
+    def push(self, event: wire.Event, now: float, sequenced: bool = False) -> Output | None:
         """Apply one event of this run; ``None`` if its ``seq`` was already applied.
         ``now`` is the injected clock, used only by :meth:`flush_idle`.
 
+        An *unsequenced* event (its id starts with :data:`~stepstream.core.wire.UNSEQUENCED`:
+        made from an OpenTelemetry span, which has no agent ``seq``) takes the next
+        ``seq`` on arrival and is a duplicate when its id was applied already: the run
+        keeps the ids applied (a 53-bit hash of each, at most ``Limits.applied_ids``, the
+        oldest forgotten) in its durable state.
+
         Raises ``WireError`` (``seq_jump``, ``out_of_range``) for an event it cannot
         apply, leaving the fold unchanged, and ``ValueError`` for an event of another run."""
+        if not sequenced and event.event_id.startswith(_UNSEQUENCED) and type(event) is not _RunClose:
+            return self._unsequenced(event, now)  # its seq given, it comes back with sequenced=True
         if event.run_id != self.run_id or event.company_id != self.company_id:
             raise ValueError(f"event of {event.company_id}/{event.run_id} pushed to {self.company_id}/{self.run_id}")
         if type(event) is _RunClose:
@@ -303,6 +315,31 @@ class RunFold:
         if self._run.dropped_steps != dropped:
             out.dropped = self._run.dropped_steps - dropped
         return out
+
+    def _unsequenced(self, event: wire.Event, now: float) -> Output | None:
+        """Push an unsequenced event (see :meth:`push`) with the next ``seq``, or
+        ``None`` when its id was applied already."""
+        applied = self._applied
+        key = wire.id_hash(event.event_id)
+        if key in applied:
+            self.stale += 1
+            return None
+        if self.lazy and not self._pending and self._clean is None and type(event) is _ThinkingDelta:
+            # The clean state this delta's tail may be held back to must not hold its id.
+            self._clean = self._snapshot(self._run_copy())
+        if len(applied) >= self._max_applied:
+            oldest = next(iter(applied))
+            del applied[oldest]
+        else:
+            oldest = None
+        applied[key] = None  # before the push: the state it snapshots holds the id
+        try:
+            return self.push(msgspec.structs.replace(event, seq=self._last_seq + 1), now, sequenced=True)
+        except BaseException:  # refused: the fold is as it was
+            del applied[key]
+            if oldest is not None:
+                self._applied = applied = {oldest: None, **applied}
+            raise
 
     def flush_idle(self, now: float) -> Output | None:
         """Flush a pending tail (trigger ``idle``) if no delta came for
@@ -364,6 +401,7 @@ class RunFold:
             skipped_seqs=self._skipped,
             awaiting_calls={} if self._awaiting is None else dict(self._awaiting),
             closes=self._closes,
+            applied_ids=tuple(self._applied),
         )
 
     def durable_state(self) -> RunState:
@@ -560,6 +598,8 @@ class RunFold:
         p = event.payload
         run = self._run
         run.agent_name = scrub(p.agent_name)
+        if p.session_id is not None:
+            run.session_id = scrub(p.session_id)
         run.start_event_id = event.event_id
         if p.environment is not None:
             # A string, or an object redacted by key; then capped in bytes as a whole.

@@ -32,3 +32,6 @@ class Limits(msgspec.Struct, frozen=True):
     max_seq_jump: int = 1_000_000
     late_ranges: int = 64
     environment_bytes: int = 32768
+    # How many unsequenced event ids (OpenTelemetry spans' events) a run remembers to
+    # skip their redeliveries (core.fold.RunFold.push): 500 steps of about two events.
+    applied_ids: int = 1024

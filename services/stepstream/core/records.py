@@ -109,6 +109,8 @@ class RunRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
     company_id: str
     run_id: str
     agent_name: str | None = None
+    # The run_start's session_id (a conversation the run is part of), credential-masked.
+    session_id: str | None = None
     environment: dict[str, Any] | str | None = None
     status: RunStatus = "running"
     failure: Failure | None = None
@@ -163,6 +165,9 @@ class RunState(msgspec.Struct, kw_only=True):
     # state forward, so ``last_seq`` is the last agent seq applied plus ``closes``
     # (plus ``run.late_events``, for the same reason).
     closes: int = 0
+    # The unsequenced events applied (core.fold.RunFold.push): a 53-bit hash of each id,
+    # oldest first, at most Limits.applied_ids.
+    applied_ids: tuple[int, ...] = ()
 
     @property
     def agent_seq(self) -> int:

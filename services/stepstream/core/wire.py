@@ -24,6 +24,7 @@ Python's recursion limit, at a depth that depends on the caller's stack.
 
 from __future__ import annotations
 
+import hashlib
 from datetime import datetime
 from typing import Annotated, Any, Literal, Union
 
@@ -66,6 +67,9 @@ class RunStartPayload(msgspec.Struct, omit_defaults=True):
     # Any JSON object (the ``.sftrace`` manifest's shape); a string is accepted too.
     environment: dict[str, Any] | str | None = None
     metadata: dict[str, Any] | None = None
+    # The conversation or session the run belongs to (OpenTelemetry's gen_ai.conversation.id
+    # or session.id); the run record keeps it, credential-masked.
+    session_id: Annotated[str, msgspec.Meta(max_length=256)] | None = None
 
 
 class LlmRequestPayload(msgspec.Struct, omit_defaults=True):
@@ -346,6 +350,16 @@ def decode_event(data: bytes | bytearray | memoryview | str, *, max_bytes: int |
 def encode_event(event: Event) -> bytes:
     """Encode an event back to wire bytes (used by the emitter and tests)."""
     return _encoder.encode(event)
+
+
+# Events whose id starts so carry no agent seq: the fold numbers them on arrival and
+# skips a redelivery by id (core.fold.RunFold.push). Made by the OTLP stage from spans.
+UNSEQUENCED = "otlp:"
+
+
+def id_hash(event_id: str) -> int:
+    """A stable 53-bit hash of an event id (exact as a JSON number in every reader)."""
+    return int.from_bytes(hashlib.blake2b(event_id.encode(), digest_size=8).digest(), "big") >> 11
 
 
 def partition_key(company_id: str, run_id: str) -> bytes:

@@ -111,6 +111,7 @@ class IngestWorker:
         self.closed = False
         self.processed = 0
         self.routes = RouteCheck(metrics.misrouted, partitions_of)
+        self.otlp: Any = None  # the OTLP topic's stage (ingest/otlp_bridge.py), when one is set
 
     async def start(self) -> None:
         """Open the stores; any failure here stops the process before anything is consumed."""
@@ -167,6 +168,8 @@ class IngestWorker:
             if self.closed or pipeline is None:
                 return False
             try:
+                if self.otlp is not None:
+                    records = await self._bridge(records, current)
                 fetched = {tp: self._decode(tp, batch) for tp, batch in records.items() if batch and current(tp)}
                 # The durable states of every run of the fetch, in one wait (not one per partition).
                 await pipeline.load(
@@ -190,6 +193,26 @@ class IngestWorker:
             finally:
                 pipeline.unstage()  # states loaded for partitions not delivered are not kept
         return skipped
+
+    async def _bridge(self, records: Records, current: Any) -> Records:
+        """Bridge the OTLP topic's records (ingest/otlp_bridge.py); the rest are returned.
+        A bridged record rides on the open batch, like a dead-lettered one, once the
+        broker holds what was produced from it."""
+        rest: Records = {}
+        for tp, batch in records.items():
+            if tp.topic != self.otlp.topic or not batch or not current(tp):
+                rest[tp] = batch
+                continue
+            expected = self.ledger.next_offset(tp)
+            if expected is not None:
+                batch = [r for r in batch if r.offset >= expected]  # re-fetched after a seek
+            if batch:
+                await self.otlp.handle(batch)
+                self.ledger.delivered(tp, batch[0].offset, batch[-1].offset)
+                assert self.pipeline is not None
+                self.pipeline.settle(len(batch))
+                self.processed += len(batch)
+        return rest
 
     def _decode(self, tp: Any, records: list[Any]) -> list[tuple[Any, Any, str, str]]:
         """The partition's records not delivered yet, in order, each decoded: ``(event,
@@ -388,9 +411,15 @@ def create_app(settings: Settings, metrics: Metrics | None = None) -> faust.App:
     raw = app.topic(settings.topic, key_type=bytes, value_type=bytes, partitions=settings.partitions)
     dlq = app.topic(settings.dlq, key_type=bytes, value_type=bytes, partitions=settings.partitions)
     app.topics.add(raw)  # subscribed without an agent: records arrive through BatchConsumer
+    if settings.otlp_topic:
+        app.topics.add(app.topic(settings.otlp_topic, key_type=bytes, value_type=bytes, partitions=settings.partitions))
     poller = LagPoller(settings.kafka, settings.app_id, settings.topic, metrics, settings.lag_poll_seconds)
     worker = IngestWorker(settings, metrics, dlq, partitions_of=poller.partitions_of)
     app.stepstream = worker
+    if settings.otlp_topic:
+        from stepstream.ingest.otlp_bridge import bridge_for
+
+        worker.otlp = bridge_for(settings, app, worker.dead_letters, metrics)
     app.lag_poller = poller
     consumer = app.consumer
     assert isinstance(consumer, BatchConsumer)
@@ -465,7 +494,7 @@ def _still_stopping(app: faust.App) -> str:
 def run_worker(settings: Settings) -> int:
     """Blocking: create (or check) the topics, then run the faust worker until SIGTERM/SIGINT."""
     # A refused connection or ACL is one line and a non-zero exit now (KafkaRefused), not a retry loop.
-    asyncio.run(preflight(settings.kafka, topics=(settings.topic, settings.dlq), group=settings.app_id))
+    asyncio.run(preflight(settings.kafka, topics=(settings.topic, settings.dlq, *([settings.otlp_topic] if settings.otlp_topic else [])), group=settings.app_id))
     asyncio.run(ensure_topics(settings, create=settings.create_topics))
     app = create_app(settings)
     worker = faust.Worker(app, loglevel=settings.log_level.upper(), quiet=True)

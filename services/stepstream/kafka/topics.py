@@ -46,7 +46,7 @@ def max_request_bytes(max_event_bytes: int) -> int:
 
 
 async def ensure_topics(settings: Settings, *, create: bool = True) -> None:
-    """Create the raw and dead-letter topics with the configured partition count and
+    """Create the raw and dead-letter topics (and the OTLP topic, when set) with the configured partition count and
     replication factor, the dead-letter topic with ``max.message.bytes`` above its
     largest copy; an existing topic is left as it is (a copy it refuses for its size is
     sent bounded: ingest/dead_letters.py).
@@ -63,12 +63,13 @@ async def ensure_topics(settings: Settings, *, create: bool = True) -> None:
     settings.kafka.check_protocol(effective_protocol(admin), "topic administration")
     await admin.start()
     try:
-        names = (settings.topic, settings.dlq)
+        names = (settings.topic, settings.dlq, *([settings.otlp_topic] if settings.otlp_topic else []))
         if not create:
             await _check_topics(admin, names, settings.partitions)
             return
         existing = set(await admin.list_topics())
-        configs = {settings.topic: {}, settings.dlq: {"max.message.bytes": str(max_request_bytes(settings.max_event_bytes))}}
+        configs = {name: {} for name in names}
+        configs[settings.dlq] = {"max.message.bytes": str(max_request_bytes(settings.max_event_bytes))}
         wanted = [
             NewTopic(
                 name,
