@@ -1,0 +1,138 @@
+"""Fixtures of the viewer's browser tests: one Chromium per session, one API server per module.
+
+The browser is Debian's ``chromium`` (``deploy/chromium/chromium.sh`` installs it when
+missing; ``deploy/run-tests.sh`` calls it), driven by Playwright for Python through
+``executable_path``: nothing downloads a browser. A browser that cannot start fails
+every test that needs it, with the reason; it never skips. Plain fixtures, not
+pytest-playwright (whose 0.10 warns under pytest 9, and warnings are errors here).
+
+The API runs under uvicorn in a thread of its own (its own event loop) on a free port
+of ``127.0.0.1``, which Chromium treats as a secure origin, so the viewer's
+``__Host-`` cookie (Secure) works over plain HTTP as it does after ``make run``.
+Screenshots go to ``tests/browser/artifacts/`` (gitignored), kept after the run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import sys
+import threading
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+import uvicorn
+from playwright.sync_api import Browser, BrowserContext, ConsoleMessage, Error, Page, sync_playwright
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "service"))  # api_support: the canary corpus
+
+from stepstream.api.app import create_app  # noqa: E402
+from stepstream.api.tokens import TokenRegistry  # noqa: E402
+from stepstream.metrics import ApiMetrics  # noqa: E402
+from stepstream.sinks.ports import DeepStore, StepStore  # noqa: E402
+
+CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
+ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
+T = TypeVar("T")
+
+
+@pytest.fixture(scope="session")
+def browser() -> Iterator[Browser]:
+    with sync_playwright() as playwright:
+        try:
+            launched = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"], timeout=30_000)
+        except Error as exc:
+            pytest.fail(
+                f"Chromium at {CHROMIUM} does not start ({exc.message.splitlines()[0]}): run "
+                "deploy/chromium/chromium.sh ensure (make test does), or set CHROMIUM",
+                pytrace=False,
+            )
+        try:
+            yield launched
+        finally:
+            launched.close()
+
+
+class ViewerServer:
+    """The API app over the given stores, served by uvicorn on a free port in a thread.
+    ``call`` runs a coroutine on the server's loop (to write to its stores)."""
+
+    def __init__(self, steps: StepStore, deep: DeepStore, tokens_file: Path, **app_options: Any) -> None:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            self.port = probe.getsockname()[1]
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        self.steps, self.deep = steps, deep
+        self.app = create_app(steps, deep, TokenRegistry(tokens_file), ApiMetrics(), **app_options)
+        config = uvicorn.Config(
+            self.app, host="127.0.0.1", port=self.port, log_config=None, access_log=False, lifespan="off",
+            timeout_graceful_shutdown=1,
+        )  # fmt: skip
+        self.server = uvicorn.Server(config)
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self._serve, name="viewer-server", daemon=True)
+
+    def _serve(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        try:
+            self.loop.run_until_complete(self.server.serve())
+        finally:
+            self.loop.run_until_complete(self.loop.shutdown_asyncgens())
+            self.loop.close()
+
+    def __enter__(self) -> ViewerServer:
+        self.thread.start()
+        for _ in range(200):
+            if self.server.started:
+                return self
+            if not self.thread.is_alive():
+                break
+            threading.Event().wait(0.05)
+        raise AssertionError(f"the API did not start on {self.base_url}")
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+
+    def call(self, coroutine: Awaitable[T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout=30)  # type: ignore[arg-type]
+
+
+class Watched:
+    """A page and everything its console and page errors said (to assert nothing leaked
+    and no CSP violation happened)."""
+
+    def __init__(self, context: BrowserContext) -> None:
+        self.context = context
+        self.page: Page = context.new_page()
+        self.console: list[str] = []
+        self.page.on("console", self._on_console)
+        self.page.on("pageerror", lambda exc: self.console.append(f"pageerror: {exc}"))
+
+    def _on_console(self, message: ConsoleMessage) -> None:
+        self.console.append(f"{message.type}: {message.text}")
+
+    def screenshot(self, name: str) -> Path:
+        ARTIFACTS.mkdir(exist_ok=True)
+        path = ARTIFACTS / f"{name}.png"
+        self.page.screenshot(path=str(path), full_page=True)
+        return path
+
+
+@pytest.fixture
+def watched(browser: Browser) -> Iterator[Callable[[], Watched]]:
+    """A factory of fresh browser contexts (no shared cookies), closed after the test."""
+    contexts: list[BrowserContext] = []
+
+    def make() -> Watched:
+        context = browser.new_context(viewport={"width": 1280, "height": 900})
+        context.set_default_timeout(5_000)
+        contexts.append(context)
+        return Watched(context)
+
+    yield make
+    for context in contexts:
+        context.close()
