@@ -1,4 +1,5 @@
-"""The deep routes: raw bodies (scope ``deep:read``) and their purge (``deep:purge``).
+"""The deep routes: raw bodies (scope ``deep:read``), one run's or one step's, and their
+purge (``deep:purge``).
 
 Only this module of the API touches the deep store. Purges go through the
 :class:`~stepstream.sinks.ports.RetentionStore` port, the same methods
@@ -22,11 +23,12 @@ from __future__ import annotations
 import asyncio
 import tempfile
 from collections.abc import AsyncIterator
-from typing import IO, Any, Literal
+from typing import IO, Annotated, Any, Literal
 
 import msgspec
 from litestar import Request, Router, delete, get
 from litestar.openapi.datastructures import ResponseSpec
+from litestar.params import Parameter
 from litestar.response import Stream
 
 from stepstream.api.exports import ExportSlots, Held, Slot
@@ -63,6 +65,26 @@ class DeepBodies(msgspec.Struct, kw_only=True):
     company_id: str
     run_id: str
     bodies: list[DeepBody]
+
+
+class DeepStep(msgspec.Struct, kw_only=True):
+    """The raw body of one step: ``present`` with its ``body``; ``pruned`` when retention
+    dropped the run's bodies; ``absent`` when there is none (purged, or a step that never
+    had one). ``body`` is ``null`` unless ``present``."""
+
+    state: Literal["present", "pruned", "absent"]
+    body: DeepBody | None
+
+
+async def step_body(deep: DeepStore, steps: StepStore, company: str, run_id: str, step_seq: int) -> DeepStep | None:
+    """One step's raw body (one row read); ``None`` when the run is unknown (a 404)."""
+    rows = await deep.get_deep(company, run_id, after=step_seq - 1 if step_seq > 0 else None, limit=1)
+    if rows and rows[0].step_seq == step_seq:
+        return DeepStep(state="present", body=body_view(rows[0]))
+    record = await steps.get_run(company, run_id)
+    if record is None:
+        return None
+    return DeepStep(state="pruned" if record.deep_pruned_at else "absent", body=None)
 
 
 class Purged(msgspec.Struct, kw_only=True):
@@ -150,6 +172,26 @@ def deep_router(
             raise
         return Stream(Held(_deep_chunks(deep, company, run_id, first), slot), media_type="application/json")
 
+    @get(
+        "/runs/{run_id:str}/deep/{step_seq:int}",
+        opt={"scope": "deep:read"},
+        summary="One step's deep companion (raw body)",
+        operation_id="getStepDeep",
+        responses=problem_responses(400, *GUARDED),
+    )
+    async def get_step_deep(
+        company: CompanyParam,
+        run_id: RunIdParam,
+        step_seq: Annotated[int, Parameter(ge=0, le=2**63 - 1, description="The step's ordinal (step_seq)")],
+    ) -> DeepStep:
+        """Raw reasoning, arguments and output of one step, capped and clipped as
+        stored, with the state of the run's bodies (pruned by retention, or absent).
+        Holds secrets: only for ``deep:read`` tokens. 404 for an unknown run."""
+        found = await step_body(deep, steps, company, run_id, step_seq)
+        if found is None:
+            raise ProblemError(NOT_FOUND)
+        return found
+
     @delete(
         "/runs/{run_id:str}/deep",
         opt={"scope": "deep:purge"},
@@ -220,7 +262,7 @@ def deep_router(
 
     return Router(
         "/v1/companies/{company:str}",
-        route_handlers=[get_deep, purge_run, purge_company, get_bundle],
+        route_handlers=[get_deep, get_step_deep, purge_run, purge_company, get_bundle],
         guards=guards,  # type: ignore[arg-type]
         security=[{"bearer": []}],
         tags=["deep"],

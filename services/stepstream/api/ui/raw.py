@@ -1,0 +1,40 @@
+"""The viewer's one deep route: a step's raw body, for the "show raw" button.
+
+The only viewer module that touches the deep store (the operator pages cannot: see
+``api/ui/pages.py``). It answers what ``GET /v1/.../runs/{run_id}/deep/{step_seq}``
+answers (:func:`stepstream.api.deep.step_body`), to the viewer's guard (the sign-in
+cookie), only for a ``deep:read`` token, one step per request. The page renders the
+body as text (``textContent`` in a ``<pre>``), never as HTML.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from litestar import Router, get
+from litestar.params import FromPath
+
+from stepstream.api.deep import DeepStep, step_body
+from stepstream.api.ui.pages import check_ids
+from stepstream.api.ui.session import PageNotFound
+from stepstream.sinks.ports import DeepStore, StepStore
+
+_SEQ = re.compile(r"^(0|[1-9][0-9]{0,17})$")
+MAX_SEQ = 2**63 - 1
+
+
+def raw_router(deep: DeepStore, steps: StepStore, guards: list[Any]) -> Router:
+    """``GET /ui/companies/{company}/runs/{run_id}/raw/{step_seq}`` (scope ``deep:read``)."""
+
+    @get("/runs/{run_id:str}/raw/{step_seq:str}", opt={"scope": "deep:read", "query": ()})
+    async def raw_body(company: FromPath[str], run_id: FromPath[str], step_seq: FromPath[str]) -> DeepStep:
+        check_ids(company, run_id)
+        if not _SEQ.fullmatch(step_seq) or int(step_seq) > MAX_SEQ:
+            raise PageNotFound()
+        found = await step_body(deep, steps, company, run_id, int(step_seq))
+        if found is None:
+            raise PageNotFound()
+        return found
+
+    return Router("/ui/companies/{company:str}", route_handlers=[raw_body], guards=guards, include_in_schema=False)
