@@ -46,11 +46,13 @@ async def test_filters_narrow_the_listing_and_page_through_it(tmp_path):
         assert await ids("since=2026-11-29T12:03:00Z&until=2026-11-29T13:06:00%2B01:00") == ["r5", "r4", "r3"]
         assert await ids("since=2026-11-29T12:08:00") == ["r9", "r8"]  # no offset: UTC
         assert await ids("status=completed&agent=b&problems=true") == ["r4"]
+        # Outside the event window: clamped to it (no run is outside it), not refused.
+        assert await ids("since=0001-01-01T00:00:00%2B01:00&until=2026-11-29T12:01:00Z") == ["r0"]
 
 
 @pytest.mark.parametrize(
     "query",
-    ["status=done", "since=yesterday", "until=0001-01-01T00:00:00Z", "problems=maybe", "agent=", "since=" + "9" * 41],
+    ["status=done", "since=yesterday", "until=2026-13-01T00:00:00Z", "problems=maybe", "agent=", "since=" + "9" * 41],
 )
 async def test_a_bad_filter_is_a_400_that_does_not_echo_it(tmp_path, query):
     tokens = Tokens(tmp_path / "tokens.json")

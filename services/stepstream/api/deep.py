@@ -40,6 +40,9 @@ from stepstream.bundle.tarball import tar_chunks
 from stepstream.core.records import DeepRecord
 from stepstream.sinks.ports import DeepStore, RetentionStore, StepStore
 
+# The largest step_seq a path may name: exact as a JSON number (a float), so the
+# OpenAPI bound means what it says to every client.
+MAX_STEP_SEQ = 2**53 - 1
 SPOOL_BYTES = 1 << 20  # a bundle file above this goes to a temporary file on disk
 _encoder = msgspec.json.Encoder()
 
@@ -182,7 +185,7 @@ def deep_router(
     async def get_step_deep(
         company: CompanyParam,
         run_id: RunIdParam,
-        step_seq: Annotated[int, Parameter(ge=0, le=2**63 - 1, description="The step's ordinal (step_seq)")],
+        step_seq: Annotated[int, Parameter(ge=0, le=MAX_STEP_SEQ, description="The step's ordinal (step_seq)")],
     ) -> DeepStep:
         """Raw reasoning, arguments and output of one step, capped and clipped as
         stored, with the state of the run's bodies (pruned by retention, or absent).

@@ -9,7 +9,7 @@ its imports), so no code path here can reach a raw body.
 from __future__ import annotations
 
 import re
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Annotated, Literal
 
 from litestar import Router, get
@@ -17,7 +17,7 @@ from litestar.params import Parameter
 
 from stepstream.api.problems import GUARDED, NOT_FOUND, ProblemError, problem, problem_responses
 from stepstream.api.views import RunDetail, RunsPage, run_view, step_view
-from stepstream.core.timefmt import WINDOW, format_ts, in_window
+from stepstream.core.timefmt import TS_MAX, TS_MIN, format_ts
 from stepstream.core.wire import END, CompanyId, RunId
 from stepstream.sinks.ports import InvalidCursor, RunFilter, StepStore
 
@@ -33,27 +33,35 @@ COMPANY_PATTERN = CompanyId.__metadata__[0].pattern
 RUN_PATTERN = RunId.__metadata__[0].pattern
 
 AGENT_MAX_CHARS = 256  # the wire's agent_name bound
-TIME_MAX_CHARS = 40
+TIME_MAX_CHARS = 64
 RunStatus = Literal["running", "completed", "failed", "abandoned"]
 FILTER_QUERY = ("status", "agent", "since", "until", "problems")
 
 
-def window_time(name: str, text: str | None) -> str | None:
-    """An RFC 3339 time of the query (a time without an offset is UTC) as stored
-    (``core.timefmt``); anything else, or a time outside the event window, is a 400."""
-    if text is None:
+def window_time(name: str, value: datetime | str | None) -> str | None:
+    """A time of the query as stored (``core.timefmt``); a time without an offset is
+    UTC. A time outside the event window is clamped to it (no run lies outside it);
+    text that is not an RFC 3339 time is a 400."""
+    if value is None:
         return None
+    if isinstance(value, str):
+        try:
+            if "t" not in value.lower():  # a date, a number: not a date-time
+                raise ValueError(name)
+            value = datetime.fromisoformat(value)
+        except ValueError:
+            raise ProblemError(problem(400, f"{name} is not an RFC 3339 time")) from None
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=timezone.utc)
     try:
-        value = datetime.fromisoformat(text)
-    except ValueError:
-        raise ProblemError(problem(400, f"{name} is not an RFC 3339 time")) from None
-    if not in_window(value):
-        raise ProblemError(problem(400, f"{name} is outside {WINDOW}"))
+        value = min(max(value, TS_MIN), TS_MAX)
+    except OverflowError:  # an offset that moves a time past year 1 or 9999: outside the window
+        value = TS_MIN if value.year < 5000 else TS_MAX
     return format_ts(value)
 
 
 def run_filter(
-    status: str | None, agent: str | None, since: str | None, until: str | None, problems: bool
+    status: str | None, agent: str | None, since: datetime | str | None, until: datetime | str | None, problems: bool
 ) -> RunFilter:
     """The store filter of a runs listing (``/v1`` and the viewer parse the same way)."""
     return RunFilter(
@@ -97,13 +105,18 @@ def steps_router(store: StepStore, guards: list[object]) -> Router:
         since: Annotated[
             str | None,
             Parameter(
+                schema_extra={"format": "date-time"},
                 max_length=TIME_MAX_CHARS,
                 description="Only runs that started (else last had an event) at or after this RFC 3339 time",
             ),
         ] = None,
         until: Annotated[
             str | None,
-            Parameter(max_length=TIME_MAX_CHARS, description="Only runs that started (else last had an event) before this time"),
+            Parameter(
+                schema_extra={"format": "date-time"},
+                max_length=TIME_MAX_CHARS,
+                description="Only runs that started (else last had an event) before this RFC 3339 time",
+            ),
         ] = None,
         problems: Annotated[
             bool,

@@ -56,6 +56,13 @@ def query_value(request: Request[Any, Any, Any], name: str) -> str | None:
     return value
 
 
+def form_time(text: str | None) -> str | None:
+    """A form's time: a bare date means its midnight (the /v1 route wants a date-time)."""
+    if text is not None and "t" not in text.lower():
+        return f"{text}T00:00"
+    return text
+
+
 def shell(request: Request[Any, Any, Any], json_path: str, extra: list[str] | None = None) -> dict[str, Any]:
     base = str(request.base_url).rstrip("/")
     return {
@@ -84,7 +91,9 @@ def pages_router(steps: StepStore, guards: list[Any]) -> Router:
         try:
             if form["status"] is not None and form["status"] not in STATUSES:
                 raise ProblemError(problem(400, "status is not a run status"))
-            where = run_filter(form["status"], form["agent"], form["since"], form["until"], form["problems"] == "true")
+            where = run_filter(
+                form["status"], form["agent"], form_time(form["since"]), form_time(form["until"]), form["problems"] == "true"
+            )
             page = await steps.list_runs_page(company, limit=RUNS_PER_PAGE, before=form["before"], where=where)
         except ProblemError as exc:
             error, status_code, page = exc.body.detail, 400, None

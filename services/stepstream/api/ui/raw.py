@@ -15,14 +15,12 @@ from typing import Any
 from litestar import Router, get
 from litestar.params import FromPath
 
-from stepstream.api.deep import DeepStep, step_body
+from stepstream.api.deep import MAX_STEP_SEQ, DeepStep, step_body
 from stepstream.api.ui.pages import check_ids
 from stepstream.api.ui.session import PageNotFound
 from stepstream.sinks.ports import DeepStore, StepStore
 
 _SEQ = re.compile(r"^(0|[1-9][0-9]{0,17})$")
-MAX_SEQ = 2**63 - 1
-
 
 def raw_router(deep: DeepStore, steps: StepStore, guards: list[Any]) -> Router:
     """``GET /ui/companies/{company}/runs/{run_id}/raw/{step_seq}`` (scope ``deep:read``)."""
@@ -30,7 +28,7 @@ def raw_router(deep: DeepStore, steps: StepStore, guards: list[Any]) -> Router:
     @get("/runs/{run_id:str}/raw/{step_seq:str}", opt={"scope": "deep:read", "query": ()})
     async def raw_body(company: FromPath[str], run_id: FromPath[str], step_seq: FromPath[str]) -> DeepStep:
         check_ids(company, run_id)
-        if not _SEQ.fullmatch(step_seq) or int(step_seq) > MAX_SEQ:
+        if not _SEQ.fullmatch(step_seq) or int(step_seq) > MAX_STEP_SEQ:
             raise PageNotFound()
         found = await step_body(deep, steps, company, run_id, int(step_seq))
         if found is None:
