@@ -1,10 +1,14 @@
-"""Fixtures of the viewer's browser tests: one Chromium per session, one API server per module.
+"""Fixtures of the viewer's browser tests: one Chromium and one API server per module.
 
 The browser is Debian's ``chromium`` (``deploy/chromium/chromium.sh`` installs it when
 missing; ``deploy/run-tests.sh`` calls it), driven by Playwright for Python through
 ``executable_path``: nothing downloads a browser. A browser that cannot start fails
 every test that needs it, with the reason; it never skips. Plain fixtures, not
 pytest-playwright (whose 0.10 warns under pytest 9, and warnings are errors here).
+The browser is per module, not per session: Playwright's sync API keeps an event
+loop running in the main thread while it is open, and pytest-asyncio cannot run the
+async tests of later modules beside it. The viewer's tests are one module, so the
+suite starts one browser.
 
 The API runs under uvicorn in a thread of its own (its own event loop) on a free port
 of ``127.0.0.1``, which Chromium treats as a secure origin, so the viewer's
@@ -39,7 +43,7 @@ ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
 T = TypeVar("T")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
     with sync_playwright() as playwright:
         try:

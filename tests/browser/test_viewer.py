@@ -1,7 +1,8 @@
 """The run viewer in a real browser (issue 24): two companies that share run ids, signed
 in through the form, every page checked for leaked canaries (HTML, storage, console),
 axe-core (no serious or critical violation) and CSP violations (none in the console).
-Screenshots of every page go to tests/browser/artifacts/."""
+Screenshots of every page go to tests/browser/artifacts/. The first test checks the
+browser itself: the system's Chromium, on a secure origin (127.0.0.1)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from axe_playwright_python.sync_playwright import Axe
 from playwright.sync_api import expect
 
 from api_support import COMPANIES, Tokens, all_canaries, corpus, load
-from conftest import ViewerServer, Watched
+from conftest import CHROMIUM, ViewerServer, Watched
 from stepstream.api.tokens import revoke_token
 from stepstream.api.ui.live import LiveSettings
 from stepstream.core.records import RunRecord, StepRecord
@@ -34,6 +35,16 @@ def server(tmp_path_factory) -> Iterator[ViewerServer]:
         running.tokens = tokens  # type: ignore[attr-defined]
         running.call(load(steps, deep, corpus()))  # on the server's loop (Playwright's runs in this thread)
         yield running
+
+
+def test_the_system_chromium_starts_and_reaches_the_api(browser, watched, tmp_path):
+    assert browser.version.split(".")[0].isdigit()
+    with ViewerServer(MemoryStepStore(), MemoryDeepStore(), tmp_path / "tokens.json") as server:
+        view = watched()
+        answer = view.page.goto(f"{server.base_url}/healthz")
+        assert answer is not None and answer.status == 200
+        assert view.page.evaluate("window.isSecureContext") is True
+    assert CHROMIUM.endswith("chromium")
 
 
 def sign_in(view: Watched, server: ViewerServer, token: str) -> None:
