@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from axe_playwright_python.sync_playwright import Axe
@@ -23,7 +22,6 @@ from stepstream.sinks.memory import MemoryDeepStore, MemoryStepStore
 
 CANARIES = all_canaries()
 AXE = Axe()
-README_SHOT = Path(__file__).resolve().parents[2] / "docs" / "viewer-run.png"
 
 
 @pytest.fixture(scope="module")
@@ -125,6 +123,9 @@ def test_show_raw_needs_deep_read_and_renders_text(server, watched):
     page = view.page
     page.goto(f"{server.base_url}/ui/companies/acme/runs/run-1")
     check_page(view, "run-deep-token")  # nothing raw on the page until asked
+    page.set_viewport_size({"width": 960, "height": 600})
+    page.screenshot(path=str(view.screenshot("run-deep-token").parent / "readme-run.png"))  # docs/img/viewer-run.png
+    page.set_viewport_size({"width": 1280, "height": 900})
     step = page.locator("#step-1")  # the tool call: raw arguments hold the canary
     step.locator("summary").click()
     step.get_by_role("button", name="Show raw").click()
