@@ -75,7 +75,8 @@ def shell(request: Request[Any, Any, Any], json_path: str, extra: list[str] | No
 def step_row(step: Step) -> dict[str, Any]:
     row = msgspec.structs.asdict(step)
     row["took"] = present.duration(step.started_at, step.ended_at)
-    row["pretty"] = present.pretty(step.arguments)
+    row["pretty"], row["pretty_chars"] = present.pretty(step.arguments)
+    row["preview_chars"] = present.PREVIEW_CHARS
     return row
 
 

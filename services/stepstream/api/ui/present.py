@@ -9,9 +9,10 @@ over the steps' redacted arguments). No I/O, nothing of the deep store.
 
 from __future__ import annotations
 
-import json
 from datetime import datetime
 from typing import Any, NamedTuple
+
+import msgspec
 
 from stepstream.api.views import Run, Step
 from stepstream.bundle.replay import Call, Divergence, ReplayReport, replay
@@ -204,6 +205,17 @@ def divergence_words(comparison: Comparison) -> str:
     return f"Call {div.position + 1}: {div.field} differs: {div.recorded!s} against {div.live!s}."
 
 
-def pretty(value: Any) -> str:
-    """Redacted arguments as readable text for a page."""
-    return json.dumps(value, ensure_ascii=False, sort_keys=True, indent=1) if value is not None else ""
+_sorted = msgspec.json.Encoder(order="sorted").encode
+
+# A step's redacted arguments on a page: at most this many characters (a 500-step run at
+# the 32,768-character argument cap would otherwise be a 16 MB page); the JSON twin has all.
+PREVIEW_CHARS = 1000
+
+
+def pretty(value: Any) -> tuple[str, int]:
+    """Redacted arguments as readable text for a page, at most :data:`PREVIEW_CHARS`,
+    and the length of the whole text (more than the preview when it was cut)."""
+    if value is None:
+        return "", 0
+    text = msgspec.json.format(_sorted(value), indent=1).decode()  # in C: a 500-step page at the caps
+    return text[:PREVIEW_CHARS], len(text)

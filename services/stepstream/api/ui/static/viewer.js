@@ -3,6 +3,7 @@
 // textContent, so the page runs under `require-trusted-types-for 'script'`.
 
 const main = document.getElementById("main");
+const PREVIEW_CHARS = 1000; // as api/ui/present.py
 const KIND_ICONS = { thinking: "\u2234", tool: "\u2692", llm: "\u2726", state: "\u25c6", error: "\u2716" };
 const STATUS_WORDS = { running: ["\u25b6", "running"], ok: ["\u2713", "ok"], error: ["\u2716", "error"],
                        abandoned: ["\u2205", "abandoned"], unknown: ["\u00b7", "unknown"] };
@@ -194,7 +195,11 @@ function renderStep(step) {
   details.append(el("p", {}, "Input shape: ", el("code", {}, step.input_shape || "none"), "; output shape: ",
     el("code", {}, step.output_shape || "none"), `; started ${step.started_at || "unknown"}, ended ${step.ended_at || "not yet"}.`));
   if (step.arguments !== null && step.arguments !== undefined) {
-    details.append(el("pre", { class: "arguments", "aria-label": "Redacted arguments" }, JSON.stringify(step.arguments, null, 1)));
+    const text = JSON.stringify(step.arguments, null, 1);
+    details.append(el("pre", { class: "arguments", "aria-label": "Redacted arguments" }, text.slice(0, PREVIEW_CHARS)));
+    if (text.length > PREVIEW_CHARS) {
+      details.append(el("p", { class: "clip" }, `The first ${PREVIEW_CHARS} of ${text.length} characters; the JSON twin has them all.`));
+    }
   }
   if (rawBase) {
     details.append(el("button", { type: "button", "data-show-raw": step.step_seq }, "Show raw"),
