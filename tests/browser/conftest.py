@@ -61,45 +61,55 @@ def browser() -> Iterator[Browser]:
 
 
 class ViewerServer:
-    """The API app over the given stores, served by uvicorn on a free port in a thread.
-    ``call`` runs a coroutine on the server's loop (to write to its stores)."""
+    """The API app over stores, served by uvicorn on a free port in a thread with its
+    own event loop. ``stores`` is the pair, or a coroutine function that opens them on
+    that loop (a SQLite store belongs to the loop that opened it; those are closed at
+    exit). ``call`` runs a coroutine on the server's loop (to write to its stores)."""
 
-    def __init__(self, steps: StepStore, deep: DeepStore, tokens_file: Path, **app_options: Any) -> None:
+    def __init__(
+        self,
+        stores: tuple[StepStore, DeepStore] | Callable[[], Awaitable[tuple[StepStore, DeepStore]]],
+        tokens_file: Path,
+        **app_options: Any,
+    ) -> None:
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
             self.port = probe.getsockname()[1]
         self.base_url = f"http://127.0.0.1:{self.port}"
-        self.steps, self.deep = steps, deep
-        self.app = create_app(steps, deep, TokenRegistry(tokens_file), ApiMetrics(), **app_options)
+        self.stores, self.tokens_file, self.app_options = stores, tokens_file, app_options
+        self.owned = callable(stores)
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="viewer-server", daemon=True)
+
+    def __enter__(self) -> ViewerServer:
+        self.thread.start()
+        opened = self.call(self.stores()) if callable(self.stores) else self.stores
+        self.steps, self.deep = opened
+        self.app = create_app(self.steps, self.deep, TokenRegistry(self.tokens_file), ApiMetrics(), **self.app_options)
         config = uvicorn.Config(
             self.app, host="127.0.0.1", port=self.port, log_config=None, access_log=False, lifespan="off",
             timeout_graceful_shutdown=1,
         )  # fmt: skip
         self.server = uvicorn.Server(config)
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self._serve, name="viewer-server", daemon=True)
-
-    def _serve(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        try:
-            self.loop.run_until_complete(self.server.serve())
-        finally:
-            self.loop.run_until_complete(self.loop.shutdown_asyncgens())
-            self.loop.close()
-
-    def __enter__(self) -> ViewerServer:
-        self.thread.start()
+        self.serving = asyncio.run_coroutine_threadsafe(self.server.serve(), self.loop)
         for _ in range(200):
             if self.server.started:
                 return self
-            if not self.thread.is_alive():
+            if self.serving.done():
                 break
             threading.Event().wait(0.05)
         raise AssertionError(f"the API did not start on {self.base_url}")
 
     def __exit__(self, *exc: object) -> None:
         self.server.should_exit = True
+        self.serving.result(timeout=10)
+        if self.owned:
+            self.call(self.deep.close())
+            self.call(self.steps.close())
+        self.call(self.loop.shutdown_asyncgens())
+        self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(timeout=10)
+        self.loop.close()
 
     def call(self, coroutine: Awaitable[T]) -> T:
         return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout=30)  # type: ignore[arg-type]

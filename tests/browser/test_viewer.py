@@ -29,7 +29,7 @@ def server(tmp_path_factory) -> Iterator[ViewerServer]:
     steps, deep = MemoryStepStore(), MemoryDeepStore()
     folder = tmp_path_factory.mktemp("viewer")
     tokens = Tokens(folder / "tokens.json")
-    with ViewerServer(steps, deep, tokens.path, live=LiveSettings(tick_seconds=0.2, keepalive_seconds=1)) as running:
+    with ViewerServer((steps, deep), tokens.path, live=LiveSettings(tick_seconds=0.2, keepalive_seconds=1)) as running:
         running.tokens = tokens  # type: ignore[attr-defined]
         running.call(load(steps, deep, corpus()))  # on the server's loop (Playwright's runs in this thread)
         yield running
@@ -37,7 +37,7 @@ def server(tmp_path_factory) -> Iterator[ViewerServer]:
 
 def test_the_system_chromium_starts_and_reaches_the_api(browser, watched, tmp_path):
     assert browser.version.split(".")[0].isdigit()
-    with ViewerServer(MemoryStepStore(), MemoryDeepStore(), tmp_path / "tokens.json") as server:
+    with ViewerServer((MemoryStepStore(), MemoryDeepStore()), tmp_path / "tokens.json") as server:
         view = watched()
         answer = view.page.goto(f"{server.base_url}/healthz")
         assert answer is not None and answer.status == 200
