@@ -135,3 +135,21 @@ async def test_a_bad_filter_on_the_runs_page_is_a_400_page(served):
     dated = await http.get("/ui/companies/acme/runs?since=2026-11-29&status=completed&problems=true", headers=cookie)
     assert dated.status_code == 200
     assert (await http.get("/ui/companies/acme/runs?nope=1", headers=cookie)).status_code == 400
+
+
+async def test_the_run_page_names_the_events_that_never_arrived(tmp_path):
+    from stepstream.core.records import RunRecord, RunState, StepRecord
+
+    steps = MemoryStepStore()
+    record = RunRecord(company_id="acme", run_id="gappy", status="running", seq_gaps=1, started_at="2026-11-29T12:00:00.000000Z")
+    await steps.write(
+        [StepRecord(company_id="acme", run_id="gappy", step_seq=0, kind="tool", label="search")],
+        [record],
+        [RunState(company_id="acme", run_id="gappy", last_seq=15, skipped_seqs=((12, 14),), run=record)],
+    )
+    tokens = Tokens(tmp_path / "tokens.json")
+    async with client(make_app(steps, MemoryDeepStore(), tokens.path)) as http:
+        page = await http.get("/ui/companies/acme/runs/gappy", headers=session(tokens["acme", "steps"]))
+    assert page.status_code == 200
+    assert "3 events never arrived (seq 12-14)" in page.text and "has-problems" in page.text
+    assert 'data-live="/ui/companies/acme/runs/gappy/live"' in page.text  # running: the live tail

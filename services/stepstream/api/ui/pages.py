@@ -143,6 +143,7 @@ def pages_router(steps: StepStore, guards: list[Any]) -> Router:
         rows = await steps.get_steps(company, run_id, after=after, limit=STEPS_PER_PAGE + 1)
         page_steps = [step_view(s) for s in rows[:STEPS_PER_PAGE]]
         run = run_view(record)
+        state = (await steps.load_states(company, [run_id])).get(run_id)
         axis, bars = present.timeline(run, page_steps)
         principal = principal_of(request)
         can_raw = "deep:read" in principal.scopes
@@ -170,7 +171,7 @@ def pages_router(steps: StepStore, guards: list[Any]) -> Router:
                 "company": principal.company,
                 "run": run,
                 "status_icon": {"running": "\u25b6", "completed": "\u2713", "failed": "\u2716"}.get(run.status, "\u2205"),
-                "findings": present.integrity(run),
+                "findings": present.integrity(run, state.skipped_seqs if state is not None else ()),
                 "axis": axis,
                 "bars": bars,
                 "steps": [step_row(s) for s in page_steps],

@@ -39,14 +39,32 @@ class Finding(NamedTuple):
     text: str
 
 
-def integrity(run: Run) -> list[Finding]:
-    """The integrity banner of a run, in plain words; empty when all is there."""
+def _ranges(missing: tuple[tuple[int, int], ...]) -> str:
+    shown = [f"{a}" if a == b else f"{a}-{b}" for a, b in missing[:5]]
+    return ", ".join(shown) + (f" and {len(missing) - 5} more ranges" if len(missing) > 5 else "")
+
+
+def integrity(run: Run, missing: tuple[tuple[int, int], ...] = ()) -> list[Finding]:
+    """The integrity banner of a run, in plain words; empty when all is there.
+    ``missing``: the event seqs a gap skipped that have not arrived yet, as inclusive
+    ranges (``RunState.skipped_seqs``)."""
     found = []
-    n = run.step_count
-    if run.seq_gaps:
-        where = f"; steps after {n - 1} may be incomplete" if n else ""
+    if missing:
+        count = sum(b - a + 1 for a, b in missing)
         found.append(
-            Finding("problem", f"{_plural(run.seq_gaps, 'event', 'events')} never arrived (sequence gaps){where}.")
+            Finding(
+                "problem",
+                f"{_plural(count, 'event', 'events')} never arrived (seq {_ranges(missing)}): "
+                "the steps around them may be incomplete.",
+            )
+        )
+    elif run.seq_gaps:
+        found.append(
+            Finding(
+                "note",
+                f"{_plural(run.seq_gaps, 'gap', 'gaps')} in the event sequence were seen; "
+                "every missing event has arrived since.",
+            )
         )
     if run.late_events:
         found.append(
