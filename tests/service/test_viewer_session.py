@@ -153,3 +153,14 @@ async def test_the_run_page_names_the_events_that_never_arrived(tmp_path):
     assert page.status_code == 200
     assert "3 events never arrived (seq 12-14)" in page.text and "has-problems" in page.text
     assert 'data-live="/ui/companies/acme/runs/gappy/live"' in page.text  # running: the live tail
+
+
+async def test_the_sftrace_download_takes_the_cookie_and_deep_read(served):
+    http, tokens = served
+    answer = await http.get("/ui/companies/acme/runs/run-1/trace.sftrace", headers=session(tokens["acme", "all"]))
+    assert answer.status_code == 200 and answer.headers["content-type"] == "application/x-tar"
+    assert answer.headers["content-disposition"] == 'attachment; filename="run-1.sftrace.tar"'
+    twin = await http.get("/v1/companies/acme/runs/run-1/trace.sftrace", headers={"authorization": f"Bearer {tokens['acme', 'all']}"})
+    assert twin.content == answer.content
+    assert (await http.get("/ui/companies/acme/runs/run-1/trace.sftrace", headers=session(tokens["acme", "steps"]))).status_code == 403
+    assert (await http.get("/ui/companies/globex/runs/run-1/trace.sftrace", headers=session(tokens["acme", "all"]))).status_code == 404

@@ -212,7 +212,7 @@ def create_app(
     viewer (``api.ui``) is served under ``/ui``; ``live`` bounds its live streams."""
     guards = [make_guard(tokens)]
     slots = ExportSlots(max_exports, export_wait_seconds, metrics)
-    pages = viewer(steps, deep, tokens, live)
+    pages = viewer(steps, deep, tokens, slots, live)
 
     @get("/healthz", summary="Liveness", operation_id="healthz", tags=["ops"])
     async def healthz() -> Health:

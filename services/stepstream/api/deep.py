@@ -131,6 +131,48 @@ async def _spooled_chunks(entries: list[tuple[str, int, IO[bytes]]], top: str) -
         yield chunk
 
 
+async def take_slot(request: Request[Any, Any, Any], slots: ExportSlots) -> Slot:
+    """A slot of ``slots`` (503 with ``Retry-After`` when none frees up in time), given
+    back by the app when the request's ASGI call ends."""
+    slot = await slots.take()
+    info = request.scope.get("stepstream")
+    if info is not None:
+        info.slots.append(slot)
+    return slot
+
+
+async def bundle_stream(
+    request: Request[Any, Any, Any], steps: StepStore, deep: DeepStore, slots: ExportSlots, company: str, run_id: str
+) -> Stream:
+    """The run's ``.sftrace`` bundle as a streamed tar (the ``/v1`` route and the viewer's
+    download): 404 unknown, 410 pruned or purged; holds a slot of ``slots`` until sent."""
+    slot = await take_slot(request, slots)
+    spooled: dict[str, IO[bytes]] = {}
+    slot.on_release(lambda: [fh.close() for fh in spooled.values()])
+
+    def open_file(name: str) -> IO[bytes]:
+        spooled[name] = tempfile.SpooledTemporaryFile(max_size=SPOOL_BYTES, prefix="stepstream-bundle-")
+        return spooled[name]
+
+    try:
+        stats = await write_from_stores(steps, deep, company, run_id, open_file, page=PAGE_ROWS)
+    except BundleRefused as exc:  # unknown, pruned, purged (or no event time at all)
+        slot.release()
+        if exc.reason == "unknown":
+            raise ProblemError(NOT_FOUND) from None
+        raise ProblemError(problem(410, f"no complete bundle ({exc.reason})")) from None
+    except BaseException:
+        slot.release()
+        raise
+    top = f"{run_id}.sftrace"
+    entries = [(name, stats.sizes[name], spooled[name]) for name in FILE_ORDER]
+    return Stream(
+        Held(_spooled_chunks(entries, top), slot),
+        media_type="application/x-tar",
+        headers={"Content-Disposition": f'attachment; filename="{top}.tar"'},
+    )
+
+
 def deep_router(
     deep: DeepStore, retention: RetentionStore, steps: StepStore, guards: list[object], slots: ExportSlots
 ) -> Router:
@@ -140,11 +182,7 @@ def deep_router(
     up in time) and hold it until their body is sent."""
 
     async def take(request: Request[Any, Any, Any]) -> Slot:
-        slot = await slots.take()
-        info = request.scope.get("stepstream")  # the app gives the slot back when the request ends
-        if info is not None:
-            info.slots.append(slot)
-        return slot
+        return await take_slot(request, slots)
 
     @get(
         "/runs/{run_id:str}/deep",
@@ -237,31 +275,7 @@ def deep_router(
         410 when the run's bodies were pruned or purged (a bundle would be incomplete);
         503 with ``Retry-After`` while the process is at its bound of exports. Built a
         page of bodies at a time into spooled files, then streamed."""
-        slot = await take(request)
-        spooled: dict[str, IO[bytes]] = {}
-        slot.on_release(lambda: [fh.close() for fh in spooled.values()])
-
-        def open_file(name: str) -> IO[bytes]:
-            spooled[name] = tempfile.SpooledTemporaryFile(max_size=SPOOL_BYTES, prefix="stepstream-bundle-")
-            return spooled[name]
-
-        try:
-            stats = await write_from_stores(steps, deep, company, run_id, open_file, page=PAGE_ROWS)
-        except BundleRefused as exc:  # unknown, pruned, purged (or no event time at all)
-            slot.release()
-            if exc.reason == "unknown":
-                raise ProblemError(NOT_FOUND) from None
-            raise ProblemError(problem(410, f"no complete bundle ({exc.reason})")) from None
-        except BaseException:
-            slot.release()
-            raise
-        top = f"{run_id}.sftrace"
-        entries = [(name, stats.sizes[name], spooled[name]) for name in FILE_ORDER]
-        return Stream(
-            Held(_spooled_chunks(entries, top), slot),
-            media_type="application/x-tar",
-            headers={"Content-Disposition": f'attachment; filename="{top}.tar"'},
-        )
+        return await bundle_stream(request, steps, deep, slots, company, run_id)
 
     return Router(
         "/v1/companies/{company:str}",

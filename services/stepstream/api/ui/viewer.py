@@ -12,6 +12,7 @@ from litestar.response import Template
 from litestar.static_files import create_static_files_router
 from litestar.template.config import TemplateConfig
 
+from stepstream.api.exports import ExportSlots
 from stepstream.api.problems import ProblemError
 from stepstream.api.tokens import TokenRegistry
 from stepstream.api.ui.live import LiveSettings, live_router
@@ -71,7 +72,9 @@ class Viewer(NamedTuple):
     template_config: TemplateConfig[JinjaTemplateEngine]
 
 
-def viewer(steps: StepStore, deep: DeepStore, registry: TokenRegistry, live: LiveSettings | None = None) -> Viewer:
+def viewer(
+    steps: StepStore, deep: DeepStore, registry: TokenRegistry, slots: ExportSlots, live: LiveSettings | None = None
+) -> Viewer:
     guards = [make_viewer_guard(registry)]
     environment = Environment(
         loader=FileSystemLoader(TEMPLATES), autoescape=select_autoescape(default=True, default_for_string=True)
@@ -85,7 +88,7 @@ def viewer(steps: StepStore, deep: DeepStore, registry: TokenRegistry, live: Liv
             *signin_handlers(registry),
             pages_router(steps, guards),
             live_router(steps, registry, guards, live or LiveSettings()),
-            raw_router(deep, steps, guards),
+            raw_router(deep, steps, guards, slots),
             static,
         ],
         exception_handlers={
