@@ -19,6 +19,7 @@ async def served(tmp_path):
     await load(steps, deep, corpus())
     tokens = Tokens(tmp_path / "tokens.json")
     async with client(make_app(steps, deep, tokens.path)) as http:
+        http.stores = (steps, deep)  # type: ignore[attr-defined]
         yield http, tokens
 
 
@@ -164,3 +165,19 @@ async def test_the_sftrace_download_takes_the_cookie_and_deep_read(served):
     assert twin.content == answer.content
     assert (await http.get("/ui/companies/acme/runs/run-1/trace.sftrace", headers=session(tokens["acme", "steps"]))).status_code == 403
     assert (await http.get("/ui/companies/globex/runs/run-1/trace.sftrace", headers=session(tokens["acme", "all"]))).status_code == 404
+
+
+async def test_show_raw_says_pruned_and_purged_as_such(served):
+    http, tokens = served
+    deep = session(tokens["acme", "all"])
+    bearer = {"authorization": f"Bearer {tokens['acme', 'all']}"}
+    assert (await http.delete("/v1/companies/acme/runs/run-2/deep", headers=bearer)).json()["purged"] > 0
+    purged = await http.get("/ui/companies/acme/runs/run-2/raw/1", headers=deep)
+    assert purged.json() == {"state": "absent", "body": None}
+    assert (await http.get("/v1/companies/acme/runs/run-2/deep/1", headers=bearer)).json() == purged.json()
+    steps, _ = http.stores
+    await steps.mark_deep_pruned("acme", ["run-2"], "2026-11-30T00:00:00.000000Z")
+    pruned = await http.get("/ui/companies/acme/runs/run-2/raw/1", headers=deep)
+    assert pruned.json() == {"state": "pruned", "body": None}
+    page = await http.get("/ui/companies/acme/runs/run-2", headers=deep)
+    assert "pruned by retention at 2026-11-30T00:00:00.000000Z" in page.text

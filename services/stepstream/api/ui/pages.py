@@ -35,6 +35,8 @@ STEPS_PER_PAGE = 500  # a run page shows at most this many steps; the rest on th
 COMPARE_STEPS = 2000  # the steps of each side a comparison reads, at most
 QUERY_MAX_CHARS = 256
 STATUSES = ("running", "completed", "failed", "abandoned")
+RUN_ICONS = {"running": "\u25b6", "completed": "\u2713", "failed": "\u2716", "abandoned": "\u2205"}
+RUNS_QUERY = ("status", "agent", "since", "until", "problems", "before")
 _COMPANY = re.compile(COMPANY_PATTERN)
 _RUN = re.compile(RUN_PATTERN)
 _SEQ = re.compile(r"^(0|[1-9][0-9]{0,15})$")
@@ -72,6 +74,11 @@ def shell(request: Request[Any, Any, Any], json_path: str, extra: list[str] | No
     }
 
 
+def ended_by_last_event(run: Run) -> str | None:
+    """A finished run without ``ended_at`` (abandoned) lasted until its last event."""
+    return run.last_event_at if run.status != "running" else None
+
+
 def step_row(step: Step) -> dict[str, Any]:
     row = msgspec.structs.asdict(step)
     row["took"] = present.duration(step.started_at, step.ended_at)
@@ -83,18 +90,17 @@ def step_row(step: Step) -> dict[str, Any]:
 def pages_router(steps: StepStore, guards: list[Any]) -> Router:
     """``/ui/companies/{company}/...``: runs, a run, a comparison (scope ``steps:read``)."""
 
-    @get("/runs", opt={"scope": "steps:read", "query": ("status", "agent", "since", "until", "problems", "before")})
+    @get("/runs", opt={"scope": "steps:read", "query": RUNS_QUERY})
     async def runs_page(request: Request[Any, Any, Any], company: FromPath[str]) -> Template:
         check_ids(company)
-        form = {name: query_value(request, name) for name in ("status", "agent", "since", "until", "problems", "before")}
+        form = {name: query_value(request, name) for name in RUNS_QUERY}
         error, status_code = None, 200
         where = RunFilter()
         try:
             if form["status"] is not None and form["status"] not in STATUSES:
                 raise ProblemError(problem(400, "status is not a run status"))
-            where = run_filter(
-                form["status"], form["agent"], form_time(form["since"]), form_time(form["until"]), form["problems"] == "true"
-            )
+            since, until = form_time(form["since"]), form_time(form["until"])
+            where = run_filter(form["status"], form["agent"], since, until, form["problems"] == "true")
             page = await steps.list_runs_page(company, limit=RUNS_PER_PAGE, before=form["before"], where=where)
         except ProblemError as exc:
             error, status_code, page = exc.body.detail, 400, None
@@ -119,8 +125,8 @@ def pages_router(steps: StepStore, guards: list[Any]) -> Router:
                 "runs": [
                     {
                         "run": r,
-                        "status_icon": {"running": "\u25b6", "completed": "\u2713", "failed": "\u2716"}.get(r.status, "\u2205"),
-                        "duration": present.duration(r.started_at, r.ended_at or (r.last_event_at if r.status != "running" else None)),
+                        "status_icon": RUN_ICONS[r.status],
+                        "duration": present.duration(r.started_at, r.ended_at or ended_by_last_event(r)),
                         "integrity": present.integrity_summary(r),
                     }
                     for r in runs
@@ -170,7 +176,7 @@ def pages_router(steps: StepStore, guards: list[Any]) -> Router:
             context={
                 "company": principal.company,
                 "run": run,
-                "status_icon": {"running": "\u25b6", "completed": "\u2713", "failed": "\u2716"}.get(run.status, "\u2205"),
+                "status_icon": RUN_ICONS[run.status],
                 "findings": present.integrity(run, state.skipped_seqs if state is not None else ()),
                 "axis": axis,
                 "bars": bars,

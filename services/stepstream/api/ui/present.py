@@ -71,7 +71,7 @@ def integrity(run: Run, missing: tuple[tuple[int, int], ...] = ()) -> list[Findi
             Finding(
                 "note",
                 f"{_plural(run.late_events, 'event', 'events')} arrived late and "
-                f"{'was' if run.late_events == 1 else 'were'} filled into {'its step' if run.late_events == 1 else 'their steps'} in place.",
+                + ("was filled into its step in place." if run.late_events == 1 else "were filled into their steps in place."),
             )
         )
     if run.dropped_steps:
@@ -83,14 +83,20 @@ def integrity(run: Run, missing: tuple[tuple[int, int], ...] = ()) -> list[Findi
             )
         )
     if run.truncated:
-        found.append(Finding("problem", "The run hit a cap (steps or bodies): some of its data was clipped or dropped."))
+        found.append(
+            Finding("problem", "The run hit a cap (steps or bodies): some of its data was clipped or dropped.")
+        )
     if run.deep_pruned_at:
         found.append(
-            Finding("note", f"Raw bodies were pruned by retention at {run.deep_pruned_at}: steps remain, raw bodies are gone.")
+            Finding(
+                "note", f"Raw bodies were pruned by retention at {run.deep_pruned_at}: steps remain, raw bodies are gone."
+            )
         )
     if run.status == "abandoned":
         found.append(
-            Finding("problem", "The run was abandoned: no run_end arrived before the idle timeout, so it may be cut short.")
+            Finding(
+                "problem", "The run was abandoned: no run_end arrived before the idle timeout, so it may be cut short."
+            )
         )
     if run.status == "failed" and run.failure is not None:
         found.append(Finding("problem", f"The run failed: {run.failure.type}: {run.failure.message}"))

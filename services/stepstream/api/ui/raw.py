@@ -46,4 +46,6 @@ def raw_router(deep: DeepStore, steps: StepStore, guards: list[Any], slots: Expo
         check_ids(company, run_id)
         return await bundle_stream(request, steps, deep, slots, company, run_id)
 
-    return Router("/ui/companies/{company:str}", route_handlers=[raw_body, download], guards=guards, include_in_schema=False)
+    return Router(
+        "/ui/companies/{company:str}", route_handlers=[raw_body, download], guards=guards, include_in_schema=False
+    )

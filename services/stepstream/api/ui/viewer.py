@@ -52,7 +52,10 @@ def _unavailable(_: Request[Any, Any, Any], __: Exception) -> Response[Any]:
         template_name="error.html",
         status_code=503,
         headers={"Retry-After": "5"},
-        context={"title": "Unavailable", "message": "The viewer cannot check tokens, or is at its bound of live streams; try again shortly."},
+        context={
+            "title": "Unavailable",
+            "message": "The viewer cannot check tokens, or is at its bound of live streams; try again shortly.",
+        },
     )
 
 
