@@ -14,7 +14,7 @@ from axe_playwright_python.sync_playwright import Axe
 from playwright.sync_api import expect
 
 from api_support import COMPANIES, Tokens, all_canaries, corpus, load
-from conftest import CHROMIUM, ViewerServer, Watched
+from browser_support import CHROMIUM, ViewerServer, Watched
 from stepstream.api.tokens import revoke_token
 from stepstream.api.ui.live import LiveSettings
 from stepstream.core.records import RunRecord, StepRecord

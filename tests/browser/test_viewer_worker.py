@@ -19,7 +19,7 @@ from playwright.sync_api import expect
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))  # harness: the worker process
 
-from conftest import ViewerServer, Watched  # noqa: E402
+from browser_support import ViewerServer, Watched  # noqa: E402
 from harness import Scenario  # noqa: E402
 from stepstream.api.tokens import add_token  # noqa: E402
 from stepstream.api.ui.live import LiveSettings  # noqa: E402
