@@ -17,7 +17,7 @@ from api_support import COMPANIES, Tokens, all_canaries, corpus, load
 from browser_support import CHROMIUM, ViewerServer, Watched
 from stepstream.api.tokens import revoke_token
 from stepstream.api.ui.live import LiveSettings
-from stepstream.core.records import RunRecord, StepRecord
+from stepstream.core.records import DeepRecord, RunRecord, StepRecord
 from stepstream.sinks.memory import MemoryDeepStore, MemoryStepStore
 
 CANARIES = all_canaries()
@@ -134,6 +134,24 @@ def test_show_raw_needs_deep_read_and_renders_text(server, watched):
     assert step.locator("[data-raw-out] pre script, [data-raw-out] pre b").count() == 0
     assert not any("globex" in c for c in re.findall(r"CANARY\w+", step.inner_text()))
 
+    # A body over the cap is shown clipped, and says so; a pruned run's raw says pruned.
+    at = "2026-11-30T08:00:00.000000Z"
+    server.call(server.steps.write(
+        [StepRecord(company_id="acme", run_id="clip-run", step_seq=0, kind="tool", label="big", status="ok", started_at=at)],
+        [RunRecord(company_id="acme", run_id="clip-run", status="completed", started_at=at, ended_at=at, step_count=1)],
+    ))  # fmt: skip
+    server.call(server.deep.write([DeepRecord(company_id="acme", run_id="clip-run", step_seq=0, kind="tool", ts=at,
+                                              arguments="y" * 100_000)]))  # fmt: skip
+    page.goto(f"{server.base_url}/ui/companies/acme/runs/clip-run#step-0")
+    page.locator("#step-0").get_by_role("button", name="Show raw").click()
+    expect(page.locator("#step-0 .raw .clip")).to_contain_text("Clipped at the body cap")
+    server.call(server.steps.mark_deep_pruned("acme", ["clip-run"], at))
+    server.call(server.deep.purge_run("acme", "clip-run"))
+    page.reload()
+    page.locator("#step-0").get_by_role("button", name="Show raw").click()
+    expect(page.locator("#step-0 .raw")).to_contain_text("pruned by retention")
+    check_page(view, "raw-pruned")
+
     steps_only = watched()
     sign_in(steps_only, server, server.tokens["acme", "steps"])
     answer = steps_only.page.goto(f"{server.base_url}/ui/companies/acme/runs/run-1/raw/1")
@@ -237,6 +255,13 @@ def test_live_tail_shows_new_steps_and_fills_a_late_one_in_place(server, watched
     expect(page.locator("#step-0 .status")).to_contain_text("ok", timeout=2_000)
     expect(page.locator("ol.steps > li")).to_have_count(2)
     check_page(view, "live")
+    # Hidden: the stream closes; visible again: a fresh snapshot.
+    page.evaluate("Object.defineProperty(document, 'hidden', {value: true, configurable: true});"
+                  "document.dispatchEvent(new Event('visibilitychange'))")  # fmt: skip
+    expect(page.locator("[data-live-state]")).to_have_text("paused while hidden")
+    page.evaluate("Object.defineProperty(document, 'hidden', {value: false, configurable: true});"
+                  "document.dispatchEvent(new Event('visibilitychange'))")  # fmt: skip
+    expect(page.locator("[data-live-state]")).to_have_text("live")
     server.call(server.steps.write([], [RunRecord(**{**_fields(run), "status": "completed", "ended_at": at(4), "step_count": 2})]))
     expect(page.locator("[data-live-state]")).to_have_text("ended", timeout=2_000)
 
