@@ -36,6 +36,10 @@ def main() -> int:
     from benchmarks import bench_api
 
     bench_api.main((["--broker", args.broker] if args.broker else []) + (["--seconds", "3", "--write-runs", "200"] if args.quick else []))
+    print("\n== viewer (server time of the pages beside their JSON twins; the 500-step page in Chromium) ==", flush=True)
+    from benchmarks import bench_viewer
+
+    bench_viewer.main(["--requests", "10"] if args.quick else [])
     if args.broker:
         print("\n== worker (end to end on the real broker: two corpora, three sinks, their ceilings) ==", flush=True)
         bench_worker.main(

@@ -9,6 +9,8 @@ cd "$repo"
 deploy/require.sh test
 # promtool and kustomize for tests/deploy, built once into the cache; a failed build stops here.
 deploy/tools/tools.sh build
+# Debian's chromium for tests/browser (apt-get, once, flocked); one that cannot install stops here.
+deploy/chromium/chromium.sh ensure
 # -rsx names every skip and xfail; --durations lists the slowest tests, which shows the
 # integration tests against the real servers ran (and what they cost).
 exec deploy/with-servers.sh --secure -- .venv/bin/pytest -q -rsx --durations=20 -m "not soak" "$@"

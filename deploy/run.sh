@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `make run`: the local stack on SQLite: a Kafka broker, the worker, the compactor, the
-# read API and a demo agent; prints a curl line with a fresh API token. Runs in the
-# foreground; Ctrl-C stops the API, the compactor, the worker and the broker.
+# read API and a demo agent; prints a curl line with a fresh API token and the run
+# viewer's URL. Runs in the foreground; Ctrl-C stops the API, the compactor, the worker and the broker.
 #
 # Environment: KAFKA_PORT (9092), WEB_PORT (6066), COMPACTOR_PORT (6068), API_PORT (8080),
 # DEMO_RUNS (40), RUN_DIR (.run).
@@ -117,6 +117,8 @@ cat <<EOF
 Read the runs of company $company through the API (a fresh token, shown once):
   curl -s -H 'Authorization: Bearer $token' 'http://127.0.0.1:$api_port/v1/companies/$company/runs?limit=5'
   (one run: .../runs/RUN_ID; its raw bodies: .../runs/RUN_ID/deep; the schema: http://127.0.0.1:$api_port/openapi.json)
+Or in a browser, the run viewer (sign in with the same token):
+  http://127.0.0.1:$api_port/ui/companies/$company/runs
 
 Look at the results:
   metrics     curl -s http://127.0.0.1:$web_port/metrics | grep ^stepstream_

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from stepstream.core.records import Failure
-from stepstream.sinks import InvalidCursor, StepStore
+from stepstream.sinks import InvalidCursor, RunFilter, StepStore
 
 from sink_support import COMPANY, OTHER, UNICODE, run, state, step, ts
 
@@ -206,6 +206,43 @@ async def test_list_runs_page_exactly_full_has_no_next_cursor(step_store: StepSt
     await step_store.write([], [run(f"r{i}", started_at=ts(i)) for i in range(4)])
     page = await step_store.list_runs_page(COMPANY, limit=4)
     assert len(page.runs) == 4 and page.next_cursor is None
+
+
+async def test_list_runs_filters_in_the_query_with_full_pages(step_store: StepStore) -> None:
+    runs = [
+        run("ok1", status="completed", agent_name="a", started_at=ts(1)),
+        run("gap", status="completed", agent_name="a", started_at=ts(2), seq_gaps=3),
+        run("late", status="running", agent_name="b", started_at=ts(3), late_events=1),
+        run("drop", status="completed", agent_name="b", started_at=ts(4), dropped_steps=2),
+        run("cut", status="completed", agent_name="a", started_at=ts(5), truncated=True),
+        run("fail", status="failed", agent_name="a", started_at=ts(6)),
+        run("gone", status="abandoned", agent_name="b", last_event_at=ts(7)),
+        run("ok2", status="running", agent_name="a", started_at=ts(8)),
+        run("ok3", status="completed", agent_name="a", started_at=ts(9)),
+        run("elsewhere", company=OTHER, status="failed", agent_name="a", started_at=ts(10)),
+    ]
+    await step_store.write([], runs)
+
+    async def ids(where: RunFilter, limit: int = 50) -> list[str]:
+        seen, cursor = [], None
+        while True:
+            page = await step_store.list_runs_page(COMPANY, limit=limit, before=cursor, where=where)
+            seen += [r.run_id for r in page.runs]
+            if page.next_cursor is None:
+                return seen
+            cursor = page.next_cursor
+
+    assert await ids(RunFilter(problems=True)) == ["gone", "fail", "cut", "drop", "late", "gap"]
+    assert await ids(RunFilter(problems=True), limit=2) == ["gone", "fail", "cut", "drop", "late", "gap"]
+    assert await ids(RunFilter(status="completed")) == ["ok3", "cut", "drop", "gap", "ok1"]
+    assert await ids(RunFilter(agent="b")) == ["gone", "drop", "late"]
+    assert await ids(RunFilter(since=ts(3), until=ts(7))) == ["fail", "cut", "drop", "late"]  # until excluded
+    assert await ids(RunFilter(since=ts(7))) == ["ok3", "ok2", "gone"]  # by last_event_at when not started
+    assert await ids(RunFilter(status="completed", agent="a", problems=True)) == ["cut", "gap"]
+    assert await ids(RunFilter(status="running", agent="zzz")) == []
+    # A page of a filtered list is full when enough runs match: the filter is in the query.
+    page = await step_store.list_runs_page(COMPANY, limit=3, where=RunFilter(agent="a"))
+    assert [r.run_id for r in page.runs] == ["ok3", "ok2", "fail"] and page.next_cursor is not None
 
 
 async def test_a_bad_cursor_or_limit_is_refused(step_store: StepStore) -> None:

@@ -17,7 +17,7 @@ class FailingSteps(MemoryStepStore):
         super().__init__()
         self.error = error
 
-    async def list_runs_page(self, company_id, *, limit=50, before=None):
+    async def list_runs_page(self, company_id, *, limit=50, before=None, where=None):
         raise self.error
 
 

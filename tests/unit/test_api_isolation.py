@@ -1,6 +1,7 @@
-"""The operator routes cannot reach the deep store: the module that serves
-``GET .../runs`` and ``GET .../runs/{run_id}`` imports no deep store type, backend
-or route, and the routes work with a deep store that refuses every call."""
+"""The operator routes cannot reach the deep store: the modules that serve
+``GET .../runs`` and ``GET .../runs/{run_id}`` and the viewer's operator pages import
+no deep store type, backend or route, and the routes work with a deep store that
+refuses every call."""
 
 from __future__ import annotations
 
@@ -17,7 +18,10 @@ from stepstream.metrics import ApiMetrics
 from stepstream.sinks.memory import MemoryStepStore
 
 API = Path(__file__).resolve().parents[2] / "services" / "stepstream" / "api"
-STEP_SERVING = ("steps.py", "views.py")
+# The operator routes and the viewer's operator pages (issue 24): only ui/raw.py may read bodies.
+STEP_SERVING = (
+    "steps.py", "views.py", "ui/pages.py", "ui/live.py", "ui/present.py", "ui/session.py", "ui/signin.py",
+)  # fmt: skip
 DEEP_WORDS = ("deep", "retention", "open_deep_store", "sqlite", "mongodb", "files", "memory", "factory")
 
 
@@ -70,6 +74,8 @@ def test_operator_routes_never_touch_the_deep_store(tmp_path):
             assert (await http.get("/v1/companies/acme/runs", headers=headers)).status_code == 200
             assert (await http.get("/v1/companies/acme/runs/r1", headers=headers)).status_code == 200
             assert (await http.get("/v1/companies/acme/runs/nope", headers=headers)).status_code == 404
+            for page in ("/ui/companies/acme/runs", "/ui/companies/acme/runs/r1", "/ui/companies/acme/compare?a=r1&b=r1"):
+                assert (await http.get(page, headers=headers)).status_code == 200, page
             # ... while the deep route does reach it (the tripwire works): a 500 problem.
             deep = await http.get("/v1/companies/acme/runs/r1/deep", headers=headers)
             assert deep.status_code == 500 and deep.json()["type"] == "urn:stepstream:problem:internal"

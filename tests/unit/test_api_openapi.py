@@ -20,6 +20,7 @@ def test_openapi_has_exactly_the_contract_routes():
         ("/v1/companies/{company}/runs", "get"),
         ("/v1/companies/{company}/runs/{run_id}", "get"),
         ("/v1/companies/{company}/runs/{run_id}/deep", "get"),
+        ("/v1/companies/{company}/runs/{run_id}/deep/{step_seq}", "get"),
         ("/v1/companies/{company}/runs/{run_id}/deep", "delete"),
         ("/v1/companies/{company}/deep", "delete"),
         ("/v1/companies/{company}/runs/{run_id}/trace.sftrace", "get"),

@@ -32,6 +32,8 @@ from stepstream.api.exports import DEFAULT_MAX_EXPORTS, DEFAULT_WAIT_SECONDS, Ex
 from stepstream.api.problems import NOT_FOUND, PROBLEM_MEDIA_TYPE, Problem, ProblemError, encode, problem
 from stepstream.api.steps import steps_router
 from stepstream.api.tokens import TokenRegistry
+from stepstream.api.ui import viewer
+from stepstream.api.ui.live import LiveSettings
 from stepstream.api.views import Health
 from stepstream.errors import SinkUnavailable
 from stepstream.metrics import ApiMetrics
@@ -91,6 +93,20 @@ async def reject_unknown_query(request: Request[Any, Any, Any]) -> None:
     if unknown:
         raise ProblemError(problem(400, "unknown query parameter"))
 
+
+# On every response (pages, JSON, streams): no inline script or style, Trusted Types
+# required for every DOM sink, never framed; no Referer (run ids are in URLs).
+CONTENT_SECURITY_POLICY = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
+    "form-action 'self'; base-uri 'none'; frame-ancestors 'none'; "
+    "require-trusted-types-for 'script'; trusted-types 'none'"
+)
+SECURITY_HEADERS = [
+    (b"content-security-policy", CONTENT_SECURITY_POLICY.encode()),
+    (b"referrer-policy", b"no-referrer"),
+    (b"x-content-type-options", b"nosniff"),
+    (b"x-frame-options", b"DENY"),
+]
 
 # Every label value must come from a fixed set: h11 accepts any token as a method,
 # and a label per distinct method would grow /metrics (and the heap) for ever.
@@ -157,6 +173,7 @@ class ApiApp:
                     headers.append((b"allow", self.allow[scope["path_template"]]))
                 # Tenant data (and deep bodies, secrets by design) never sit in a shared cache.
                 headers.append((b"cache-control", b"no-store"))
+                headers.extend(SECURITY_HEADERS)
                 message = {**message, "headers": headers}
             await send(message)
 
@@ -187,12 +204,15 @@ def create_app(
     *,
     max_exports: int = DEFAULT_MAX_EXPORTS,
     export_wait_seconds: float = DEFAULT_WAIT_SECONDS,
+    live: LiveSettings | None = None,
 ) -> ApiApp:
     """The API over open stores. The stores stay the caller's to close. At most
     ``max_exports`` deep reads and bundle builds run at once (``api.exports``); a
-    request waits up to ``export_wait_seconds`` for a slot, then gets 503."""
+    request waits up to ``export_wait_seconds`` for a slot, then gets 503. The run
+    viewer (``api.ui``) is served under ``/ui``; ``live`` bounds its live streams."""
     guards = [make_guard(tokens)]
     slots = ExportSlots(max_exports, export_wait_seconds, metrics)
+    pages = viewer(steps, deep, tokens, slots, live)
 
     @get("/healthz", summary="Liveness", operation_id="healthz", tags=["ops"])
     async def healthz() -> Health:
@@ -205,7 +225,8 @@ def create_app(
         return generate_latest(metrics.registry).decode("utf-8")
 
     litestar = Litestar(
-        route_handlers=[healthz, metrics_text, steps_router(steps, guards), deep_router(deep, deep, steps, guards, slots)],
+        route_handlers=[healthz, metrics_text, steps_router(steps, guards), deep_router(deep, deep, steps, guards, slots), pages.router],
+        template_config=pages.template_config,
         exception_handlers={
             ProblemError: _on_problem,
             HTTPException: _on_http,

@@ -1,4 +1,5 @@
-"""The deep routes: raw bodies (scope ``deep:read``) and their purge (``deep:purge``).
+"""The deep routes: raw bodies (scope ``deep:read``), one run's or one step's, and their
+purge (``deep:purge``).
 
 Only this module of the API touches the deep store. Purges go through the
 :class:`~stepstream.sinks.ports.RetentionStore` port, the same methods
@@ -22,11 +23,12 @@ from __future__ import annotations
 import asyncio
 import tempfile
 from collections.abc import AsyncIterator
-from typing import IO, Any, Literal
+from typing import IO, Annotated, Any, Literal
 
 import msgspec
 from litestar import Request, Router, delete, get
 from litestar.openapi.datastructures import ResponseSpec
+from litestar.params import Parameter
 from litestar.response import Stream
 
 from stepstream.api.exports import ExportSlots, Held, Slot
@@ -38,6 +40,9 @@ from stepstream.bundle.tarball import tar_chunks
 from stepstream.core.records import DeepRecord
 from stepstream.sinks.ports import DeepStore, RetentionStore, StepStore
 
+# The largest step_seq a path may name: exact as a JSON number (a float), so the
+# OpenAPI bound means what it says to every client.
+MAX_STEP_SEQ = 2**53 - 1
 SPOOL_BYTES = 1 << 20  # a bundle file above this goes to a temporary file on disk
 _encoder = msgspec.json.Encoder()
 
@@ -63,6 +68,26 @@ class DeepBodies(msgspec.Struct, kw_only=True):
     company_id: str
     run_id: str
     bodies: list[DeepBody]
+
+
+class DeepStep(msgspec.Struct, kw_only=True):
+    """The raw body of one step: ``present`` with its ``body``; ``pruned`` when retention
+    dropped the run's bodies; ``absent`` when there is none (purged, or a step that never
+    had one). ``body`` is ``null`` unless ``present``."""
+
+    state: Literal["present", "pruned", "absent"]
+    body: DeepBody | None
+
+
+async def step_body(deep: DeepStore, steps: StepStore, company: str, run_id: str, step_seq: int) -> DeepStep | None:
+    """One step's raw body (one row read); ``None`` when the run is unknown (a 404)."""
+    rows = await deep.get_deep(company, run_id, after=step_seq - 1 if step_seq > 0 else None, limit=1)
+    if rows and rows[0].step_seq == step_seq:
+        return DeepStep(state="present", body=body_view(rows[0]))
+    record = await steps.get_run(company, run_id)
+    if record is None:
+        return None
+    return DeepStep(state="pruned" if record.deep_pruned_at else "absent", body=None)
 
 
 class Purged(msgspec.Struct, kw_only=True):
@@ -106,6 +131,48 @@ async def _spooled_chunks(entries: list[tuple[str, int, IO[bytes]]], top: str) -
         yield chunk
 
 
+async def take_slot(request: Request[Any, Any, Any], slots: ExportSlots) -> Slot:
+    """A slot of ``slots`` (503 with ``Retry-After`` when none frees up in time), given
+    back by the app when the request's ASGI call ends."""
+    slot = await slots.take()
+    info = request.scope.get("stepstream")
+    if info is not None:
+        info.slots.append(slot)
+    return slot
+
+
+async def bundle_stream(
+    request: Request[Any, Any, Any], steps: StepStore, deep: DeepStore, slots: ExportSlots, company: str, run_id: str
+) -> Stream:
+    """The run's ``.sftrace`` bundle as a streamed tar (the ``/v1`` route and the viewer's
+    download): 404 unknown, 410 pruned or purged; holds a slot of ``slots`` until sent."""
+    slot = await take_slot(request, slots)
+    spooled: dict[str, IO[bytes]] = {}
+    slot.on_release(lambda: [fh.close() for fh in spooled.values()])
+
+    def open_file(name: str) -> IO[bytes]:
+        spooled[name] = tempfile.SpooledTemporaryFile(max_size=SPOOL_BYTES, prefix="stepstream-bundle-")
+        return spooled[name]
+
+    try:
+        stats = await write_from_stores(steps, deep, company, run_id, open_file, page=PAGE_ROWS)
+    except BundleRefused as exc:  # unknown, pruned, purged (or no event time at all)
+        slot.release()
+        if exc.reason == "unknown":
+            raise ProblemError(NOT_FOUND) from None
+        raise ProblemError(problem(410, f"no complete bundle ({exc.reason})")) from None
+    except BaseException:
+        slot.release()
+        raise
+    top = f"{run_id}.sftrace"
+    entries = [(name, stats.sizes[name], spooled[name]) for name in FILE_ORDER]
+    return Stream(
+        Held(_spooled_chunks(entries, top), slot),
+        media_type="application/x-tar",
+        headers={"Content-Disposition": f'attachment; filename="{top}.tar"'},
+    )
+
+
 def deep_router(
     deep: DeepStore, retention: RetentionStore, steps: StepStore, guards: list[object], slots: ExportSlots
 ) -> Router:
@@ -115,11 +182,7 @@ def deep_router(
     up in time) and hold it until their body is sent."""
 
     async def take(request: Request[Any, Any, Any]) -> Slot:
-        slot = await slots.take()
-        info = request.scope.get("stepstream")  # the app gives the slot back when the request ends
-        if info is not None:
-            info.slots.append(slot)
-        return slot
+        return await take_slot(request, slots)
 
     @get(
         "/runs/{run_id:str}/deep",
@@ -149,6 +212,26 @@ def deep_router(
             slot.release()
             raise
         return Stream(Held(_deep_chunks(deep, company, run_id, first), slot), media_type="application/json")
+
+    @get(
+        "/runs/{run_id:str}/deep/{step_seq:int}",
+        opt={"scope": "deep:read"},
+        summary="One step's deep companion (raw body)",
+        operation_id="getStepDeep",
+        responses=problem_responses(400, *GUARDED),
+    )
+    async def get_step_deep(
+        company: CompanyParam,
+        run_id: RunIdParam,
+        step_seq: Annotated[int, Parameter(ge=0, le=MAX_STEP_SEQ, description="The step's ordinal (step_seq)")],
+    ) -> DeepStep:
+        """Raw reasoning, arguments and output of one step, capped and clipped as
+        stored, with the state of the run's bodies (pruned by retention, or absent).
+        Holds secrets: only for ``deep:read`` tokens. 404 for an unknown run."""
+        found = await step_body(deep, steps, company, run_id, step_seq)
+        if found is None:
+            raise ProblemError(NOT_FOUND)
+        return found
 
     @delete(
         "/runs/{run_id:str}/deep",
@@ -192,35 +275,11 @@ def deep_router(
         410 when the run's bodies were pruned or purged (a bundle would be incomplete);
         503 with ``Retry-After`` while the process is at its bound of exports. Built a
         page of bodies at a time into spooled files, then streamed."""
-        slot = await take(request)
-        spooled: dict[str, IO[bytes]] = {}
-        slot.on_release(lambda: [fh.close() for fh in spooled.values()])
-
-        def open_file(name: str) -> IO[bytes]:
-            spooled[name] = tempfile.SpooledTemporaryFile(max_size=SPOOL_BYTES, prefix="stepstream-bundle-")
-            return spooled[name]
-
-        try:
-            stats = await write_from_stores(steps, deep, company, run_id, open_file, page=PAGE_ROWS)
-        except BundleRefused as exc:  # unknown, pruned, purged (or no event time at all)
-            slot.release()
-            if exc.reason == "unknown":
-                raise ProblemError(NOT_FOUND) from None
-            raise ProblemError(problem(410, f"no complete bundle ({exc.reason})")) from None
-        except BaseException:
-            slot.release()
-            raise
-        top = f"{run_id}.sftrace"
-        entries = [(name, stats.sizes[name], spooled[name]) for name in FILE_ORDER]
-        return Stream(
-            Held(_spooled_chunks(entries, top), slot),
-            media_type="application/x-tar",
-            headers={"Content-Disposition": f'attachment; filename="{top}.tar"'},
-        )
+        return await bundle_stream(request, steps, deep, slots, company, run_id)
 
     return Router(
         "/v1/companies/{company:str}",
-        route_handlers=[get_deep, purge_run, purge_company, get_bundle],
+        route_handlers=[get_deep, get_step_deep, purge_run, purge_company, get_bundle],
         guards=guards,  # type: ignore[arg-type]
         security=[{"bearer": []}],
         tags=["deep"],

@@ -15,6 +15,7 @@ from stepstream.metrics import ApiMetrics
 from stepstream.sinks import open_deep_store, open_step_store
 
 log = logging.getLogger("stepstream.api")
+GRACEFUL_SHUTDOWN_SECONDS = 5
 
 
 async def serve(settings: Settings) -> None:
@@ -39,10 +40,14 @@ async def serve(settings: Settings) -> None:
                 access_log=False,
                 lifespan="on",
                 server_header=False,
+                # Open live streams (the viewer's tail) must not hold a stop: past this,
+                # uvicorn closes the connections that are left.
+                timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS,
             )
             log.warning(
-                "stepstream api on http://%s:%d (tokens %s)", settings.api_host, settings.api_port, settings.tokens_file
-            )
+                "stepstream api on http://%s:%d, the run viewer on http://%s:%d/ui (tokens %s)",
+                settings.api_host, settings.api_port, settings.api_host, settings.api_port, settings.tokens_file,
+            )  # fmt: skip
             await uvicorn.Server(config).serve()
         finally:
             await deep.close()

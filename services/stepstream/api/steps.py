@@ -9,15 +9,17 @@ its imports), so no code path here can reach a raw body.
 from __future__ import annotations
 
 import re
-from typing import Annotated
+from datetime import datetime, timezone
+from typing import Annotated, Literal
 
 from litestar import Router, get
 from litestar.params import Parameter
 
 from stepstream.api.problems import GUARDED, NOT_FOUND, ProblemError, problem, problem_responses
 from stepstream.api.views import RunDetail, RunsPage, run_view, step_view
+from stepstream.core.timefmt import TS_MAX, TS_MIN, format_ts
 from stepstream.core.wire import END, CompanyId, RunId
-from stepstream.sinks.ports import InvalidCursor, StepStore
+from stepstream.sinks.ports import InvalidCursor, RunFilter, StepStore
 
 MAX_LIMIT = 200
 DEFAULT_LIMIT = 50
@@ -30,6 +32,47 @@ _STEP_CURSOR = re.compile(STEP_CURSOR_PATTERN.strip("^$"))
 COMPANY_PATTERN = CompanyId.__metadata__[0].pattern
 RUN_PATTERN = RunId.__metadata__[0].pattern
 
+AGENT_MAX_CHARS = 256  # the wire's agent_name bound
+TIME_MAX_CHARS = 64
+RunStatus = Literal["running", "completed", "failed", "abandoned"]
+FILTER_QUERY = ("status", "agent", "since", "until", "problems")
+
+
+def window_time(name: str, value: datetime | str | None) -> str | None:
+    """A time of the query as stored (``core.timefmt``); a time without an offset is
+    UTC. A time outside the event window is clamped to it (no run lies outside it);
+    text that is not an RFC 3339 time is a 400."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        try:
+            if "t" not in value.lower():  # a date, a number: not a date-time
+                raise ValueError(name)
+            value = datetime.fromisoformat(value)
+        except ValueError:
+            raise ProblemError(problem(400, f"{name} is not an RFC 3339 time")) from None
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=timezone.utc)
+    try:
+        value = min(max(value, TS_MIN), TS_MAX)
+    except OverflowError:  # an offset that moves a time past year 1 or 9999: outside the window
+        value = TS_MIN if value.year < 5000 else TS_MAX
+    return format_ts(value)
+
+
+def run_filter(
+    status: str | None, agent: str | None, since: datetime | str | None, until: datetime | str | None, problems: bool
+) -> RunFilter:
+    """The store filter of a runs listing (``/v1`` and the viewer parse the same way)."""
+    return RunFilter(
+        status=status,
+        agent=agent,
+        since=window_time("since", since),
+        until=window_time("until", until),
+        problems=problems,
+    )
+
+
 CompanyParam = Annotated[str, Parameter(description="Company id", pattern=COMPANY_PATTERN)]
 RunIdParam = Annotated[str, Parameter(description="Run id (unique within the company)", pattern=RUN_PATTERN)]
 
@@ -39,7 +82,7 @@ def steps_router(store: StepStore, guards: list[object]) -> Router:
 
     @get(
         "/runs",
-        opt={"scope": "steps:read", "query": ("limit", "before")},
+        opt={"scope": "steps:read", "query": ("limit", "before", *FILTER_QUERY)},
         summary="List runs, most recent first",
         operation_id="listRuns",
         responses=problem_responses(400, *GUARDED),
@@ -55,11 +98,41 @@ def steps_router(store: StepStore, guards: list[object]) -> Router:
                 description="The next_cursor of the previous page (opaque; one the API did not make is a 400)",
             ),
         ] = None,
+        status: Annotated[RunStatus | None, Parameter(description="Only runs with this status")] = None,
+        agent: Annotated[
+            str | None, Parameter(min_length=1, max_length=AGENT_MAX_CHARS, description="Only runs of this agent_name")
+        ] = None,
+        since: Annotated[
+            str | None,
+            Parameter(
+                schema_extra={"format": "date-time"},
+                max_length=TIME_MAX_CHARS,
+                description="Only runs that started (else last had an event) at or after this RFC 3339 time",
+            ),
+        ] = None,
+        until: Annotated[
+            str | None,
+            Parameter(
+                schema_extra={"format": "date-time"},
+                max_length=TIME_MAX_CHARS,
+                description="Only runs that started (else last had an event) before this RFC 3339 time",
+            ),
+        ] = None,
+        problems: Annotated[
+            bool,
+            Parameter(
+                description="Only runs with a problem: seq_gaps, late_events or dropped_steps above 0, "
+                "truncated, or status failed or abandoned"
+            ),
+        ] = False,
     ) -> RunsPage:
         """Runs of the company, most recent first (by start time, then run id), with
-        an opaque cursor for the next page."""
+        an opaque cursor for the next page. The filters are applied by the store's
+        query, so a page is full whenever enough runs match; a cursor belongs to the
+        filters it was made with."""
+        where = run_filter(status, agent, since, until, problems)
         try:
-            page = await store.list_runs_page(company, limit=limit, before=before)
+            page = await store.list_runs_page(company, limit=limit, before=before, where=where)
         except InvalidCursor:
             raise ProblemError(problem(400, "before is not a cursor this API made")) from None
         return RunsPage(runs=[run_view(r) for r in page.runs], next_cursor=page.next_cursor)

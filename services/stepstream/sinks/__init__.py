@@ -7,13 +7,22 @@ default) and ``mongodb`` (optional extra). See ``docs/sinks.md``.
 """
 
 from stepstream.sinks.factory import open_deep_store, open_step_store
-from stepstream.sinks.ports import Capabilities, DeepStore, InvalidCursor, RetentionStore, RunsPage, StepStore
+from stepstream.sinks.ports import (
+    Capabilities,
+    DeepStore,
+    InvalidCursor,
+    RetentionStore,
+    RunFilter,
+    RunsPage,
+    StepStore,
+)
 
 __all__ = [
     "Capabilities",
     "DeepStore",
     "InvalidCursor",
     "RetentionStore",
+    "RunFilter",
     "RunsPage",
     "StepStore",
     "open_deep_store",

@@ -68,7 +68,7 @@ import msgspec
 
 from stepstream.core.records import DeepRecord, RunRecord, RunState, StepRecord
 from stepstream.errors import ConfigError, SinkError, SinkUnavailable
-from stepstream.sinks.ports import Capabilities, DeepRun, DeepStore, RunsPage, StepStore
+from stepstream.sinks.ports import NO_FILTER, Capabilities, DeepRun, DeepStore, RunFilter, RunsPage, StepStore
 
 __all__ = ["FaultPlan", "FaultRule", "read_log", "wrap_stores", "write_plan"]
 
@@ -289,8 +289,10 @@ class FaultyStepStore(_Faulty):
     async def list_runs(self, company_id: str, *, limit: int = 50, before: str | None = None) -> list[RunRecord]:
         return await self._call("list_runs", company_id, limit=limit, before=before)
 
-    async def list_runs_page(self, company_id: str, *, limit: int = 50, before: str | None = None) -> RunsPage:
-        return await self._call("list_runs_page", company_id, limit=limit, before=before)
+    async def list_runs_page(
+        self, company_id: str, *, limit: int = 50, before: str | None = None, where: RunFilter = NO_FILTER
+    ) -> RunsPage:
+        return await self._call("list_runs_page", company_id, limit=limit, before=before, where=where)
 
     async def get_steps(
         self, company_id: str, run_id: str, *, after: int | None = None, limit: int | None = None

@@ -73,7 +73,7 @@ import msgspec
 from stepstream.core.limits import Limits
 from stepstream.core.records import DeepRecord, RunRecord, RunState, StepRecord
 from stepstream.errors import SinkError, SinkUnavailable
-from stepstream.sinks.ports import Capabilities, DeepRun, RunsPage
+from stepstream.sinks.ports import NO_FILTER, Capabilities, DeepRun, RunFilter, RunsPage
 from stepstream.sinks.retention import Clock, IndexEntry, batch_ranks, fold_write, merge_index, now_text, prune_via_marks
 from stepstream.sinks.semantics import (
     ClipHook,
@@ -84,6 +84,7 @@ from stepstream.sinks.semantics import (
     check_limit,
     clip_batch,
     decode_cursor,
+    matches,
     merge_run,
     merge_step,
     newest_first,
@@ -379,12 +380,18 @@ class FileStepStore:
     async def list_runs(self, company_id: str, *, limit: int = 50, before: str | None = None) -> list[RunRecord]:
         return (await self.list_runs_page(company_id, limit=limit, before=before)).runs
 
-    async def list_runs_page(self, company_id: str, *, limit: int = 50, before: str | None = None) -> RunsPage:
+    async def list_runs_page(
+        self, company_id: str, *, limit: int = 50, before: str | None = None, where: RunFilter = NO_FILTER
+    ) -> RunsPage:
         check_limit(limit)
         after = decode_cursor(before) if before is not None else None
 
         def pick(rows: dict[RunKey, RunRecord]) -> list[RunRecord]:
-            return [r for (c, _), r in rows.items() if c == company_id and (after is None or run_sort_key(r) < after)]
+            return [
+                r
+                for (c, _), r in rows.items()
+                if c == company_id and (after is None or run_sort_key(r) < after) and matches(r, where)
+            ]
 
         runs = await asyncio.to_thread(self._read, self._runs, pick)
         runs.sort(key=run_sort_key, reverse=True)

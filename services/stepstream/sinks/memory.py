@@ -16,7 +16,7 @@ import msgspec
 
 from stepstream.core.limits import Limits
 from stepstream.core.records import DeepRecord, RunRecord, RunState, StepRecord
-from stepstream.sinks.ports import Capabilities, DeepRun, RunsPage
+from stepstream.sinks.ports import NO_FILTER, Capabilities, DeepRun, RunFilter, RunsPage
 from stepstream.sinks.retention import Clock, IndexEntry, batch_ranks, fold_write, merge_index, now_text, prune_via_marks
 from stepstream.sinks.semantics import (
     ClipHook,
@@ -27,6 +27,7 @@ from stepstream.sinks.semantics import (
     check_limit,
     clip_batch,
     decode_cursor,
+    matches,
     merge_run,
     merge_step,
     newest_first,
@@ -84,10 +85,12 @@ class MemoryStepStore:
     async def list_runs(self, company_id: str, *, limit: int = 50, before: str | None = None) -> list[RunRecord]:
         return (await self.list_runs_page(company_id, limit=limit, before=before)).runs
 
-    async def list_runs_page(self, company_id: str, *, limit: int = 50, before: str | None = None) -> RunsPage:
+    async def list_runs_page(
+        self, company_id: str, *, limit: int = 50, before: str | None = None, where: RunFilter = NO_FILTER
+    ) -> RunsPage:
         check_limit(limit)
         after = decode_cursor(before) if before is not None else None
-        runs = [r for (c, _), r in self._runs.items() if c == company_id]
+        runs = [r for (c, _), r in self._runs.items() if c == company_id and matches(r, where)]
         if after is not None:
             runs = [r for r in runs if run_sort_key(r) < after]
         runs.sort(key=run_sort_key, reverse=True)

@@ -148,7 +148,15 @@ import msgspec
 from stepstream.core.limits import Limits
 from stepstream.core.records import DeepRecord, RunRecord, RunState, StepRecord
 from stepstream.errors import ConfigError, SinkError, SinkUnavailable, StepstreamError
-from stepstream.sinks.ports import Capabilities, DeepRun, RunsPage
+from stepstream.sinks.ports import (
+    NO_FILTER,
+    PROBLEM_COUNTERS,
+    PROBLEM_STATUSES,
+    Capabilities,
+    DeepRun,
+    RunFilter,
+    RunsPage,
+)
 from stepstream.sinks.retention import Clock, IndexEntry, batch_ranks, merge_index, now_text, prune_via_marks
 from stepstream.sinks.semantics import (
     KEPT_RUN_FIELDS,
@@ -608,6 +616,24 @@ def _step(doc: dict[str, Any]) -> StepRecord:
     return step
 
 
+def _filter_query(where: RunFilter) -> dict[str, Any]:
+    """``where`` as a query on the runs collection (ports.RunFilter)."""
+    query: dict[str, Any] = {}
+    if where.status is not None:
+        query["status"] = where.status
+    if where.agent is not None:
+        query["agent_name"] = where.agent
+    window = {**({"$gte": where.since} if where.since is not None else {}),
+              **({"$lt": where.until} if where.until is not None else {})}  # fmt: skip
+    if window:
+        query["recency"] = window
+    if where.problems:
+        bad: list[dict[str, Any]] = [{name: {"$gt": 0}} for name in PROBLEM_COUNTERS]
+        bad += [{"truncated": True}, {"status": {"$in": list(PROBLEM_STATUSES)}}]
+        query["$and"] = [{"$or": bad}]
+    return query
+
+
 def _run(doc: dict[str, Any]) -> RunRecord:
     environment = doc.pop("environment", None)
     if environment is not None:
@@ -744,15 +770,16 @@ class MongoStepStore:
     async def list_runs(self, company_id: str, *, limit: int = 50, before: str | None = None) -> list[RunRecord]:
         return (await self.list_runs_page(company_id, limit=limit, before=before)).runs
 
-    async def list_runs_page(self, company_id: str, *, limit: int = 50, before: str | None = None) -> RunsPage:
+    async def list_runs_page(
+        self, company_id: str, *, limit: int = 50, before: str | None = None, where: RunFilter = NO_FILTER
+    ) -> RunsPage:
         check_limit(limit)
-        query: dict[str, Any] = {"company_id": company_id}
+        query: dict[str, Any] = {"company_id": company_id, **_filter_query(where)}
         if before is not None:
             after_recency, after_run = decode_cursor(before)
-            query["$or"] = [
-                {"recency": {"$lt": after_recency}},
-                {"recency": after_recency, "run_id": {"$lt": after_run}},
-            ]
+            query.setdefault("$and", []).append(
+                {"$or": [{"recency": {"$lt": after_recency}}, {"recency": after_recency, "run_id": {"$lt": after_run}}]}
+            )
         async with _translated("list_runs"):
             cursor = self._conn["runs"].find(query, _NO_ID).sort([("recency", -1), ("run_id", -1)]).limit(limit + 1)
             runs = [_run(doc) async for doc in cursor]

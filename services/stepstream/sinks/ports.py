@@ -96,6 +96,28 @@ class RunsPage(msgspec.Struct, frozen=True):
     next_cursor: str | None
 
 
+class RunFilter(msgspec.Struct, frozen=True, kw_only=True):
+    """Which runs :meth:`StepStore.list_runs_page` returns; every field set narrows it.
+
+    ``status`` and ``agent`` (``agent_name``) match exactly; ``since`` (inclusive) and
+    ``until`` (exclusive) bound the run's recency (``started_at``, else
+    ``last_event_at``), stored timestamps (``core.timefmt``); ``problems`` keeps the
+    runs with an integrity problem or a bad end: :data:`PROBLEM_COUNTERS` above zero,
+    ``truncated``, or status ``failed`` / ``abandoned``. Each backend applies it in its
+    query, so a page is full whenever enough runs match (never "this page only")."""
+
+    status: str | None = None
+    agent: str | None = None
+    since: str | None = None
+    until: str | None = None
+    problems: bool = False
+
+
+NO_FILTER = RunFilter()
+PROBLEM_COUNTERS = ("seq_gaps", "late_events", "dropped_steps")
+PROBLEM_STATUSES = ("failed", "abandoned")
+
+
 class InvalidCursor(SinkError, ValueError):
     """A ``before`` cursor this store did not make (a client error, not a fault)."""
 
@@ -140,9 +162,11 @@ class StepStore(Protocol):
         """At most ``limit`` (>= 1) runs, most recent first, older than cursor ``before``."""
         ...
 
-    async def list_runs_page(self, company_id: str, *, limit: int = 50, before: str | None = None) -> RunsPage:
-        """:meth:`list_runs` plus the cursor of the next page. Raises
-        :class:`InvalidCursor` for a cursor that no store made."""
+    async def list_runs_page(
+        self, company_id: str, *, limit: int = 50, before: str | None = None, where: RunFilter = NO_FILTER
+    ) -> RunsPage:
+        """:meth:`list_runs` of the runs that match ``where``, plus the cursor of the
+        next page. Raises :class:`InvalidCursor` for a cursor that no store made."""
         ...
 
     async def get_steps(

@@ -32,7 +32,7 @@ from stepstream.core.limits import Limits
 from stepstream.core.merge import KEPT_RUN_FIELDS, apply_deep, apply_reasoning, merge_run, merge_step
 from stepstream.core.records import DeepRecord, RunRecord, RunState, StepRecord
 from stepstream.errors import SinkError
-from stepstream.sinks.ports import InvalidCursor
+from stepstream.sinks.ports import PROBLEM_COUNTERS, PROBLEM_STATUSES, InvalidCursor, RunFilter
 
 RunKey = tuple[str, str]
 
@@ -50,6 +50,7 @@ __all__ = [
     "clip_batch",
     "decode_cursor",
     "encode_cursor",
+    "matches",
     "merge_run",
     "merge_step",
     "newest_first",
@@ -114,6 +115,22 @@ def unstorable(backend: str, table: str, exc: BaseException) -> SinkError:
 def recency(run: RunRecord) -> str:
     """A run's place in ``list_runs``: ``started_at``, else ``last_event_at``, else ``""``."""
     return run.started_at or run.last_event_at or ""
+
+
+def matches(run: RunRecord, where: RunFilter) -> bool:
+    """Whether ``run`` passes ``where`` (the backends without a query language use it)."""
+    if where.status is not None and run.status != where.status:
+        return False
+    if where.agent is not None and run.agent_name != where.agent:
+        return False
+    if where.since is not None and recency(run) < where.since:
+        return False
+    if where.until is not None and recency(run) >= where.until:
+        return False
+    if where.problems:
+        counters = any(getattr(run, name) > 0 for name in PROBLEM_COUNTERS)
+        return counters or run.truncated or run.status in PROBLEM_STATUSES
+    return True
 
 
 def run_sort_key(run: RunRecord) -> tuple[str, str]:

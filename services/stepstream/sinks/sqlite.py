@@ -47,7 +47,15 @@ import msgspec
 from stepstream.core.limits import Limits
 from stepstream.core.records import DeepRecord, RunRecord, RunState, StepRecord
 from stepstream.errors import ConfigError, SinkError
-from stepstream.sinks.ports import Capabilities, DeepRun, RunsPage
+from stepstream.sinks.ports import (
+    NO_FILTER,
+    PROBLEM_COUNTERS,
+    PROBLEM_STATUSES,
+    Capabilities,
+    DeepRun,
+    RunFilter,
+    RunsPage,
+)
 from stepstream.sinks.retention import Clock, IndexEntry, merge_index, now_text, prune_via_marks
 from stepstream.sinks.sqlite_operations import (
     DEEP_COLS,
@@ -166,6 +174,28 @@ _SELECT_RUN = f"SELECT {', '.join(RUN_COLS)} FROM runs"
 _RUN_BOOLS = tuple(f.name for f in msgspec.structs.fields(RunRecord) if f.type is bool)
 
 
+def _filter_sql(where: RunFilter) -> tuple[list[str], list[object]]:
+    """``where`` as SQL conditions on the runs table and their parameters (ports.RunFilter)."""
+    clauses: list[str] = []
+    params: list[object] = []
+    for column, value in (("status", where.status), ("agent_name", where.agent)):
+        if value is not None:
+            clauses.append(f"{column} = ?")
+            params.append(value)
+    if where.since is not None:
+        clauses.append("recency >= ?")
+        params.append(where.since)
+    if where.until is not None:
+        clauses.append("recency < ?")
+        params.append(where.until)
+    if where.problems:
+        bad = [f"{name} > 0" for name in PROBLEM_COUNTERS] + ["truncated <> 0"]
+        bad.append(f"status IN ({', '.join('?' for _ in PROBLEM_STATUSES)})")
+        clauses.append(f"({' OR '.join(bad)})")
+        params.extend(PROBLEM_STATUSES)
+    return clauses, params
+
+
 def _decode_state(text: str) -> RunState:
     try:
         return _state_decoder.decode(text)
@@ -255,17 +285,18 @@ class SqliteStepStore:
     async def list_runs(self, company_id: str, *, limit: int = 50, before: str | None = None) -> list[RunRecord]:
         return (await self.list_runs_page(company_id, limit=limit, before=before)).runs
 
-    async def list_runs_page(self, company_id: str, *, limit: int = 50, before: str | None = None) -> RunsPage:
+    async def list_runs_page(
+        self, company_id: str, *, limit: int = 50, before: str | None = None, where: RunFilter = NO_FILTER
+    ) -> RunsPage:
         check_limit(limit)
-        order = "ORDER BY recency DESC, run_id DESC LIMIT ?"
-        if before is None:
-            rows = await self._db.fetch(f"{_SELECT_RUN} WHERE company_id = ? {order}", (company_id, limit + 1))
-        else:
-            after_recency, after_run = decode_cursor(before)
-            rows = await self._db.fetch(
-                f"{_SELECT_RUN} WHERE company_id = ? AND (recency, run_id) < (?, ?) {order}",
-                (company_id, after_recency, after_run, limit + 1),
-            )
+        clauses, params = _filter_sql(where)
+        if before is not None:
+            clauses.append("(recency, run_id) < (?, ?)")
+            params.extend(decode_cursor(before))
+        sql = " AND ".join(["company_id = ?", *clauses])
+        rows = await self._db.fetch(
+            f"{_SELECT_RUN} WHERE {sql} ORDER BY recency DESC, run_id DESC LIMIT ?", (company_id, *params, limit + 1)
+        )
         return RunsPage(*page([_run(r) for r in rows], limit))
 
     async def get_steps(
