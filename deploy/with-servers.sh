@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Run a command against a throwaway Kafka broker and FerretDB on free ports in a temp
+# Run a command against a throwaway Kafka broker and FerretDB (on its PostgreSQL backend;
+# FERRETDB_BACKEND=sqlite for the other) on free ports in a temp
 # dir, and stop both servers however the command ends (success, failure, ^C, TERM).
 #
 #   deploy/with-servers.sh [--no-mongo] -- COMMAND [ARGS...]
@@ -39,7 +40,7 @@ cleanup() {
     if ((rc == 0 || rc == 5)); then   # 5: pytest collected no tests
         rm -rf "$work"
     else
-        rm -rf "$work/kafka/kraft" "$work/ferretdb/db"
+        rm -rf "$work/kafka/kraft" "$work/ferretdb/db" "$work/ferretdb/pg"
         echo "with-servers.sh: exit $rc; server logs kept in $work" >&2
     fi
     exit "$rc"

@@ -433,6 +433,39 @@ DEEP_INDEXES = {
 }
 
 
+def _stored_text(text: str) -> str | bytes:
+    """A string as stored: one holding U+0000 as its UTF-8 bytes (BSON binary),
+    because PostgreSQL's ``jsonb`` refuses ``\\u0000`` (FerretDB on PostgreSQL
+    answers ``unsupported Unicode escape sequence``); MongoDB would take it either way."""
+    return text.encode() if "\x00" in text else text
+
+
+def _storable(fields: dict[str, Any]) -> dict[str, Any]:
+    """``fields`` (and the documents inside it) with every string :func:`_stored_text`
+    (in place). JSON-text fields escape U+0000 already; this is for the raw ones."""
+    for name, value in fields.items():
+        if type(value) is str:
+            if "\x00" in value:
+                fields[name] = value.encode()
+        elif type(value) is dict:
+            _storable(value)
+    return fields
+
+
+def _read_back(doc: dict[str, Any]) -> dict[str, Any]:
+    """The inverse of :func:`_storable` (in place): no field of ours holds bytes otherwise."""
+    for name, value in doc.items():
+        if type(value) is bytes:
+            doc[name] = value.decode()
+        elif type(value) is dict:
+            _read_back(value)
+    return doc
+
+
+def _text(value: str | bytes | None) -> str | None:
+    return value.decode() if type(value) is bytes else value  # type: ignore[union-attr]
+
+
 def _collided(exc: BulkWriteError) -> list[int]:
     """The indexes of an unordered bulk's operations that collided on ``_id``; the
     error itself again when anything else failed (another error, a write concern)."""
@@ -463,6 +496,7 @@ def _run_write(run: RunRecord, new: bool) -> tuple[dict[str, Any] | None, Any]:
     if run.environment is not None:  # free-form keys: JSON text, as step arguments
         doc["environment"] = _json.encode(run.environment).decode()
     doc["recency"] = recency(run)
+    _storable(doc)
     _id = row_id(run.company_id, run.run_id)
     return ({"_id": _id, **doc} if new else None), UpdateOne({"_id": _id}, {"$set": doc}, upsert=True)
 
@@ -478,6 +512,7 @@ def _step_writes(
         fields = _to_builtins(step)  # omit_defaults: the None fields (which keep) are absent
         if step.arguments is not None:
             fields["arguments"] = _json.encode(step.arguments).decode()
+        _storable(fields)
         merged.setdefault((step.company_id, step.run_id, step.step_seq), {}).update(fields)
     writes = []
     for key, fields in merged.items():
@@ -530,7 +565,7 @@ def _reasoning_filter(_id: str, seen: _Seen) -> dict[str, Any]:
     a row without one the same text (``None`` matches a missing field too)."""
     where = {"_id": _id, REASONING_VERSION: seen.version}
     if seen.version is None:
-        where["reasoning"] = seen.reasoning
+        where["reasoning"] = None if seen.reasoning is None else _stored_text(seen.reasoning)
     return where
 
 
@@ -569,14 +604,14 @@ class _RowWrite:
         text = self.text_over(seen.reasoning)
         if text == seen.reasoning:
             return {"_id": _id}, self.update()
-        fields = {**self.fields, "reasoning": text, REASONING_VERSION: ObjectId()}
+        fields = {**self.fields, "reasoning": _stored_text(text), REASONING_VERSION: ObjectId()}  # type: ignore[arg-type]
         return _reasoning_filter(_id, seen), self.update(fields)
 
     def document(self, _id: str) -> dict[str, Any]:
         """The document its update creates where no row is stored."""
         fields = self.fields
         if self.chunks:
-            fields = {**fields, "reasoning": self.text_over(None), REASONING_VERSION: ObjectId()}
+            fields = {**fields, "reasoning": _stored_text(self.text_over(None)), REASONING_VERSION: ObjectId()}  # type: ignore[arg-type]
         return {"_id": _id, **fields, "ts": self.ts, "clipped": fields.get("clipped", False)}
 
 
@@ -601,6 +636,7 @@ def _stored(doc: dict[str, Any]) -> _Stored:
 
 
 def _step(doc: dict[str, Any]) -> StepRecord:
+    _read_back(doc)
     arguments = doc.pop("arguments", None)
     step = msgspec.convert(doc, StepRecord)
     if arguments is not None:
@@ -609,6 +645,7 @@ def _step(doc: dict[str, Any]) -> StepRecord:
 
 
 def _run(doc: dict[str, Any]) -> RunRecord:
+    _read_back(doc)
     environment = doc.pop("environment", None)
     if environment is not None:
         doc["environment"] = msgspec.json.decode(environment)
@@ -621,6 +658,8 @@ _DEEP_JSON_NAMES = ("arguments", "output", "call_event", "result_event")
 
 def _deep(doc: dict[str, Any]) -> DeepRecord:
     doc.pop(REASONING_VERSION, None)
+    if type(doc.get("reasoning")) is bytes:
+        doc["reasoning"] = doc["reasoning"].decode()
     bodies = {name: doc.pop(name) for name in _DEEP_JSON_NAMES if doc.get(name) is not None}
     deep = msgspec.convert(doc, DeepRecord)
     for name, text in bodies.items():
@@ -936,7 +975,7 @@ class MongoDeepStore:
         if not ids:
             return {}
         docs = await self._conn.find_by_id("run_step_details", list(ids), {"reasoning": 1, REASONING_VERSION: 1})
-        return {ids[_id]: _Seen(doc.get("reasoning"), doc.get(REASONING_VERSION)) for _id, doc in docs.items()}
+        return {ids[_id]: _Seen(_text(doc.get("reasoning")), doc.get(REASONING_VERSION)) for _id, doc in docs.items()}
 
     async def _index_entries(self, keys: Sequence[RunKey]) -> dict[RunKey, str | None]:
         """The runs among ``keys`` that have a retention index entry, with its
