@@ -206,7 +206,9 @@ up() {
     if [[ "$backend" == postgresql ]]; then
         local pg_url
         pg_url="$("$here/postgres.sh" up --data "$data")" || die "PostgreSQL for FerretDB did not start (reason above)"
-        handler=(--handler=postgresql --postgresql-url="$pg_url")
+        # FerretDB 1.24 holds a pooled connection per update statement until its command
+        # ends (handler/msg_update.go): its default pool of 50 deadlocks on 50 at once.
+        handler=(--handler=postgresql --postgresql-url="$pg_url?pool_max_conns=250")
     else
         mkdir -p "$data/db"
         handler=(--handler=sqlite --sqlite-url="file:$data/db/")
