@@ -183,6 +183,9 @@ FERRETDB_CAPABILITIES = Capabilities(
 )
 DEFAULT_DATABASE = "stepstream"
 DEFAULT_WRITE_CONCERN = {"w": "majority", "j": True}
+# A majority that cannot be reached within this is a SinkUnavailable (WTimeoutError),
+# retried by the worker, instead of a write that waits forever (the server's default).
+DEFAULT_WTIMEOUT_MS = 10_000
 DUPLICATE_KEY = 11000
 # Server error codes that mean "not now": host unreachable or not found, network
 # timeout, shutting down, primary stepped down, time limit, socket error, write
@@ -267,6 +270,7 @@ class _Connection:
         self.url = url
         self.client: Any = None
         self.db: Any = None
+        self.primary: Any = None
         self.ferretdb = False
         self.durability = ""
         self._bulk_lock = asyncio.Lock()
@@ -276,15 +280,23 @@ class _Connection:
             query = self.url.partition("?")[2]
             if any(part.split("=", 1)[0].lower() == "j" for part in query.split("&")):
                 raise ConfigError("mongodb sink URL: pymongo ignores 'j'; use journal=true or journal=false")
+            options = {part.split("=", 1)[0].lower() for part in query.split("&")}
             try:
-                self.client = AsyncMongoClient(self.url)
+                # Retryable writes (pymongo's default, said here): a write interrupted by a
+                # failover is retried once by the driver, and the server applies it once.
+                self.client = AsyncMongoClient(self.url, **({} if "retrywrites" in options else {"retryWrites": True}))
             except pymongo.errors.ConfigurationError as exc:
                 raise ConfigError(f"bad mongodb URL: {exc}") from exc
             given = self.client.write_concern.document
             concern = None
             if not {"w", "j", "fsync"} & given.keys():
-                concern = WriteConcern(**DEFAULT_WRITE_CONCERN, wtimeout=given.get("wtimeout"))
+                concern = WriteConcern(**DEFAULT_WRITE_CONCERN, wtimeout=given.get("wtimeout", DEFAULT_WTIMEOUT_MS))
             self.db = self.client.get_default_database(default=DEFAULT_DATABASE, write_concern=concern)
+            # What the write path reads (stored states, reasoning, retention entries) and
+            # the compactor's ranking come from the primary whatever the URL's
+            # readPreference: a secondary's older copy would pass a stale run or merge
+            # text onto an old version. Readers' queries (runs, steps, bodies) follow the URL.
+            self.primary = self.db.with_options(read_preference=pymongo.ReadPreference.PRIMARY)
             build = await self.db.command("buildInfo")
             self.ferretdb = "ferretdbVersion" in build
             self.durability = _concern_text(self.db.write_concern.document)
@@ -297,7 +309,7 @@ class _Connection:
     async def close(self) -> None:
         if self.client is not None:
             await self.client.close()
-        self.client = self.db = None
+        self.client = self.db = self.primary = None
 
     async def find_by_id(
         self, collection: str, ids: Sequence[str], projection: dict[str, Any]
@@ -311,7 +323,7 @@ class _Connection:
         ids = list(dict.fromkeys(ids))
         if not ids:
             return {}
-        found = self[collection]
+        found = self.on_primary(collection)
         projection = {**projection, "_id": 1}
         if self.ferretdb and len(ids) <= FERRETDB_LOOKUPS_MAX:
             docs = await _gather(*(found.find_one({"_id": _id}, projection) for _id in ids))
@@ -406,6 +418,11 @@ class _Connection:
                 except DuplicateKeyError:
                     refused.append(index)
         return refused
+
+    def on_primary(self, collection: str) -> Any:
+        """``collection`` read from the primary (the write path's and compactor's reads)."""
+        self[collection]  # the closed-store check
+        return self.primary[collection]
 
     def __getitem__(self, collection: str) -> Any:
         if self.db is None:
@@ -1008,7 +1025,7 @@ class MongoDeepStore:
 
     async def _entries(self, company_id: str) -> dict[str, IndexEntry]:
         entries = {}
-        async for doc in self._conn["deep_runs"].find({"company_id": company_id}, _NO_ID):
+        async for doc in self._conn.on_primary("deep_runs").find({"company_id": company_id}, _NO_ID):
             entries[doc["run_id"]] = IndexEntry(
                 company_id=company_id, run_id=doc["run_id"], rank=doc.get("rank", ""), last_ts=doc.get("last_ts", ""),
                 received_at=doc.get("received_at", ""), version=int(doc.get("version", 0)),
@@ -1018,7 +1035,7 @@ class MongoDeepStore:
 
     async def _bodies(self, company_id: str) -> dict[str, tuple[int, str]]:
         bodies: dict[str, tuple[int, str]] = {}
-        cursor = self._conn["run_step_details"].find({"company_id": company_id}, {"_id": 0, "run_id": 1, "ts": 1})
+        cursor = self._conn.on_primary("run_step_details").find({"company_id": company_id}, {"_id": 0, "run_id": 1, "ts": 1})
         async for doc in cursor:
             count, last = bodies.get(doc["run_id"], (0, ""))
             bodies[doc["run_id"]] = (count + 1, max(last, doc["ts"]))
