@@ -26,6 +26,11 @@ def main() -> int:
     print("\n== sinks (SQLite / MongoDB vs bare driver) ==", flush=True)
     quick_sinks = ["--batches", "10", "--rounds", "1", "--mongo-batches", "2"] if args.quick else []
     bench_sinks.main((["--mongo", args.mongo] if args.mongo else []) + quick_sinks)
+    print("\n== capacity constants (engine + MongoDB sink: CPU, store operations and bytes per event; the sizing model) ==",
+          flush=True)  # fmt: skip
+    from benchmarks import bench_capacity
+
+    bench_capacity.main((["--mongo", args.mongo] if args.mongo else []) + (["--quick"] if args.quick else []))
     print("\n== API (concurrent readers while a writer ingests into the same SQLite store) ==", flush=True)
     from benchmarks import bench_api
 
