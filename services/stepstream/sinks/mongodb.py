@@ -70,8 +70,17 @@ just before the new owner wrote can still land (see ``docs/sinks.md``). FerretDB
 writers updating one run's state at the same instant can both pass it
 (``capabilities.monotonic_states`` is false there).
 
+**Text with U+0000.** A raw string holding U+0000 (reasoning, a label, a failure
+message) is stored as its UTF-8 bytes and read back as text: FerretDB on PostgreSQL
+refuses ``\\u0000`` (``jsonb``), MongoDB would not care.
+
+**Reads of the write path** (stored states, reasoning, retention entries, the
+compactor's ranking) go to the primary whatever the URL's ``readPreference``; the
+readers' queries follow the URL. Writes are retryable (``retryWrites=true`` unless the
+URL says otherwise).
+
 **Durability.** Unless the URL sets ``w`` or ``journal`` (pymongo's names), every
-write uses the write concern ``w=majority, j=true``: acknowledged once a
+write uses the write concern ``w=majority, j=true, wtimeout=10000``: acknowledged once a
 majority of the replica set has it in its journal (on a standalone server, once
 it is in the journal). ``durability`` names the effective concern. FerretDB 1.24
 accepts and ignores write concerns (``writeConcern`` is an ignored field of its
