@@ -409,7 +409,8 @@ class _Connection:
         ``(_id, seq, doc)``; returns the indexes refused (a stored ``last_seq`` at or
         past ``seq`` makes the upsert collide on ``_id``). MongoDB: one unordered
         bulk. FerretDB answers a bulk whose statement failed without ``nModified``
-        (pymongo then raises ``KeyError``), so there it is one statement per command."""
+        (pymongo then raises ``KeyError``): there a failed command's documents are read
+        back and those that do not hold what was written are sent one per command."""
         replaces = [({"_id": _id, "last_seq": {"$not": {"$gte": seq}}}, doc) for _id, seq, doc in writes]
         if not self.ferretdb:
             try:
@@ -419,13 +420,29 @@ class _Connection:
             except BulkWriteError as exc:
                 return _collided(exc)
             return []
+        # FerretDB: commands of up to FERRETDB_UPDATES_PER_COMMAND; one whose statement
+        # collided is answered without nModified (pymongo: KeyError), so which of its
+        # statements landed is read back (a document holding exactly what was written)
+        # and the others are sent one per command.
         refused = []
+        found = self[collection]
         async with self._bulk_lock:
-            for index, (where, doc) in enumerate(replaces):
+            for start in range(0, len(replaces), FERRETDB_UPDATES_PER_COMMAND):
+                chunk = list(enumerate(replaces))[start : start + FERRETDB_UPDATES_PER_COMMAND]
                 try:
-                    await self[collection].replace_one(where, doc, upsert=True)
-                except DuplicateKeyError:
-                    refused.append(index)
+                    await found.bulk_write([ReplaceOne(where, doc, upsert=True) for _, (where, doc) in chunk], ordered=False)
+                    continue
+                except (KeyError, BulkWriteError):
+                    pass
+                ids = [where["_id"] for _, (where, _) in chunk]
+                stored = {d["_id"]: d async for d in self.on_primary(collection).find({"_id": {"$in": ids}})}
+                for index, (where, doc) in chunk:
+                    if stored.get(where["_id"]) == {"_id": where["_id"], **doc}:
+                        continue  # this statement landed
+                    try:
+                        await found.replace_one(where, doc, upsert=True)
+                    except DuplicateKeyError:
+                        refused.append(index)
         return refused
 
     def on_primary(self, collection: str) -> Any:
