@@ -35,7 +35,7 @@ kafka-up: ## Start a local Kafka broker on 127.0.0.1:9092 or KAFKA_PORT (data in
 kafka-down: ## Stop the local Kafka broker
 	@deploy/kafka/kafka.sh down --data $(RUN_DIR)/kafka
 
-mongo-up: ## Start FerretDB (MongoDB wire protocol on SQLite) on 127.0.0.1:27017 or MONGO_PORT (data in .run/ferretdb)
+mongo-up: ## Start FerretDB (MongoDB wire protocol on PostgreSQL, installed when missing) on 127.0.0.1:27017 or MONGO_PORT (data in .run/ferretdb)
 	@deploy/ferretdb/ferretdb.sh up --port $(MONGO_PORT) --data $(RUN_DIR)/ferretdb
 
 mongo-down: ## Stop the local FerretDB

@@ -32,6 +32,11 @@ def main() -> int:
     from benchmarks import bench_otlp
 
     bench_otlp.main((["--broker", args.broker] if args.broker else []) + (["--traces", "300", "--rounds", "1"] if args.quick else []))
+    print("\n== capacity constants (engine + MongoDB sink: CPU, store operations and bytes per event; the sizing model) ==",
+          flush=True)  # fmt: skip
+    from benchmarks import bench_capacity
+
+    bench_capacity.main((["--mongo", args.mongo] if args.mongo else []) + (["--quick"] if args.quick else []))
     print("\n== API (concurrent readers while a writer ingests into the same SQLite store) ==", flush=True)
     from benchmarks import bench_api
 

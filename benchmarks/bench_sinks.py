@@ -27,7 +27,11 @@ chunks of a step joined), so both sides write what the worker would hand the sin
 Each round runs both on fresh files, interleaved; the best round of each counts.
 ``ratio`` is sink rows/s over bare rows/s (the aim is >= 0.8). With ``--mongo`` or
 ``STEPSTREAM_TEST_MONGO_URL``, the same for the MongoDB sink against a bare
-``insert_many`` of the same documents into empty collections.
+pymongo loop doing the same logical writes: per batch and collection one unordered
+``bulk_write`` of ``UpdateOne({_id}, {$set: fields}, upsert)`` of the documents the
+sink leaves (reasoning merged ahead, as stored), the same write concern, no reads; and
+the commands, operations and BSON bytes per row each side sends (counted by a pymongo
+command listener on a pass of its own over the first two batches).
 """
 
 from __future__ import annotations
@@ -333,43 +337,148 @@ def _mongo_db_url(base: str, name: str) -> str:
     return urlunsplit((parts.scheme, parts.netloc, f"/{name}", parts.query, ""))
 
 
-async def _bare_mongo(url: str, batches: list[Batch]) -> float:
-    from pymongo import AsyncMongoClient
+def _bare_mongo_writes(batches: list[Batch]) -> list[dict[str, list[tuple[str, dict[str, Any]]]]]:
+    """Per batch and collection, ``(_id, fields)`` of the documents the sink leaves
+    after that batch (prepared outside the timing): the batch's writes to a row
+    coalesced (later non-None fields win), each reasoning row carrying its whole text
+    as stored after the batch (the positional merge done ahead), bodies, arguments
+    and the environment as JSON text, states as their JSON text and ``last_seq``."""
+    text: dict[tuple[str, str, int], str] = {}
+    out = []
+    for b in batches:
+        deeps: dict[str, dict[str, Any]] = {}
+        for d in b.deeps:
+            key = (d.company_id, d.run_id, d.step_seq)
+            fields = deeps.setdefault(_json.encode(key).decode(), {})
+            fields.update({k: v for k, v in msgspec.to_builtins(d).items() if k != "reasoning_offset"})
+            for name in ("arguments", "output", "call_event", "result_event"):
+                if getattr(d, name) is not None:
+                    fields[name] = _text(getattr(d, name))
+            if d.reasoning is not None:
+                stored = text.get(key)
+                fields["reasoning"] = text[key] = (
+                    d.reasoning if not stored else stored[: d.reasoning_offset] + d.reasoning + stored[d.reasoning_offset + len(d.reasoning) :]
+                )
+        steps: dict[str, dict[str, Any]] = {}
+        for st in b.steps:
+            fields = msgspec.to_builtins(st)
+            if st.arguments is not None:
+                fields["arguments"] = _json.encode(st.arguments).decode()
+            steps.setdefault(_json.encode((st.company_id, st.run_id, st.step_seq)).decode(), {}).update(fields)
+        runs = {}
+        for r in b.runs:
+            doc = msgspec.to_builtins(msgspec.structs.asdict(r))
+            doc["environment"] = _text(r.environment)
+            doc["recency"] = r.started_at or r.last_event_at or ""
+            runs[_json.encode((r.company_id, r.run_id)).decode()] = {k: v for k, v in doc.items() if v is not None}
+        states = {
+            _json.encode((st.company_id, st.run_id)).decode(): {
+                "company_id": st.company_id, "run_id": st.run_id, "last_seq": st.last_seq, "state": _json.encode(st).decode()
+            }
+            for st in b.states
+        }  # fmt: skip
+        out.append({name: list(rows.items()) for name, rows in
+                    (("run_step_details", deeps), ("run_steps", steps), ("runs", runs), ("run_state", states))})  # fmt: skip
+    return out
 
-    docs = [
-        {
-            "run_step_details": [
-                {**msgspec.to_builtins(d), **{k: _text(getattr(d, k)) for k in ("arguments", "output") if getattr(d, k) is not None}}
-                for d in b.deeps
-            ],
-            "run_steps": [
-                {
-                    **msgspec.to_builtins(s),
-                    **({"arguments": _json.encode(s.arguments).decode()} if s.arguments is not None else {}),
-                }
-                for s in b.steps
-            ],
-            "runs": [msgspec.to_builtins(r) for r in b.runs],
-            "run_state": [
-                {"company_id": s.company_id, "run_id": s.run_id, "state": _json.encode(s).decode()} for s in b.states
-            ],
-        }
-        for b in batches
-    ]
+
+async def _bare_mongo(url: str, batches: list[Batch]) -> float:
+    """The same logical writes with plain pymongo: per batch and collection one
+    unordered ``bulk_write`` of ``UpdateOne({_id}, {$set: fields}, upsert)``, deep rows
+    first, states last, the sink's write concern (``w=majority, j=true``), no reads
+    (no conditions: this is the ceiling of what the server takes for these documents)."""
+    from stepstream.sinks.mongodb import FERRETDB_UPDATES_PER_COMMAND
+
+    from pymongo import AsyncMongoClient, UpdateOne
+    from pymongo.write_concern import WriteConcern
+
+    writes = _bare_mongo_writes(batches)
     client: AsyncMongoClient = AsyncMongoClient(url)
-    db = client.get_default_database()
+    db = client.get_default_database(write_concern=WriteConcern(w="majority", j=True))
     try:
-        await db.command("ping")
+        # FerretDB 1.24 deadlocks on long update commands (the sink's module doc): there,
+        # both sides send at most the sink's statements per command.
+        ferretdb = "ferretdbVersion" in await db.command("buildInfo")
+        step = FERRETDB_UPDATES_PER_COMMAND if ferretdb else 100_000
         started = time.perf_counter()
-        for batch in docs:
-            for collection, items in batch.items():
-                if items:
-                    await db[collection].insert_many(items, ordered=True)
+        for batch in writes:
+            for collection, rows in batch.items():
+                ops = [UpdateOne({"_id": _id}, {"$set": fields}, upsert=True) for _id, fields in rows]
+                for at in range(0, len(ops), step):
+                    await db[collection].bulk_write(ops[at : at + step], ordered=False)
         took = time.perf_counter() - started
         await client.drop_database(db.name)
     finally:
         await client.close()
     return took
+
+
+class Traffic:
+    """A pymongo command listener counting the commands a client sends, the
+    operations (statements or documents) in them and their BSON bytes, by command."""
+
+    def __init__(self) -> None:
+        self.commands: dict[str, int] = {}
+        self.operations = 0
+        self.bytes = 0
+
+    def started(self, event: Any) -> None:
+        import bson
+
+        name = event.command_name
+        if name in ("ping", "buildInfo", "createIndexes", "dropDatabase", "endSessions", "hello", "isMaster"):
+            return
+        self.commands[name] = self.commands.get(name, 0) + 1
+        command = event.command
+        self.operations += len(command.get("updates") or command.get("documents") or command.get("deletes") or [1])
+        self.bytes += len(bson.encode(command))
+
+    def succeeded(self, event: Any) -> None:
+        pass
+
+    def failed(self, event: Any) -> None:
+        pass
+
+    def total(self) -> int:
+        return sum(self.commands.values())
+
+
+_counting: list[Traffic] = []  # the Traffic that the one registered listener feeds, if any
+
+
+def _register_listener() -> None:
+    """pymongo listeners are global (and cannot be removed): one, registered once,
+    forwards to whatever :class:`Traffic` is counting."""
+    from pymongo import monitoring
+
+    if getattr(_register_listener, "done", False):
+        return
+
+    class _Forward(monitoring.CommandListener):
+        def started(self, event: Any) -> None:
+            if _counting:
+                _counting[0].started(event)
+
+        def succeeded(self, event: Any) -> None:
+            pass
+
+        def failed(self, event: Any) -> None:
+            pass
+
+    monitoring.register(_Forward())
+    _register_listener.done = True  # type: ignore[attr-defined]
+
+
+async def count_traffic(run: Any) -> Traffic:
+    """The commands, operations and bytes that awaiting ``run()`` sends."""
+    _register_listener()
+    traffic = Traffic()
+    _counting[:] = [traffic]
+    try:
+        await run()
+    finally:
+        _counting.clear()
+    return traffic
 
 
 async def _drop(url: str) -> None:
@@ -393,7 +502,24 @@ async def _bench_mongo(base: str, batches: list[Batch], rounds: int) -> dict[str
             best_sink = min(best_sink, await _sink(url, url, batches))
         finally:
             await _drop(url)
-    return {"rows": rows, "sink": rows / best_sink, "bare": rows / best_bare, "ratio": best_bare / best_sink}
+    figures = {"rows": rows, "sink": rows / best_sink, "bare": rows / best_bare, "ratio": best_bare / best_sink}
+    # Traffic, counted on a pass of its own (encoding every command to count its
+    # bytes would weigh on the timing): the first two batches, fresh databases.
+    sample = batches[:2]
+    sample_rows = sum(b.rows for b in sample)
+    tag = uuid.uuid4().hex[:8]
+    url = _mongo_db_url(base, f"bench_sink_{tag}")
+    try:
+        sink = await count_traffic(lambda: _sink(url, url, sample))
+    finally:
+        await _drop(url)
+    bare = await count_traffic(lambda: _bare_mongo(_mongo_db_url(base, f"bench_bare_{tag}"), sample))
+    for name, traffic in (("sink", sink), ("bare", bare)):
+        figures[f"{name}_commands_per_row"] = traffic.total() / sample_rows
+        figures[f"{name}_operations_per_row"] = traffic.operations / sample_rows
+        figures[f"{name}_bytes_per_row"] = traffic.bytes / sample_rows
+        figures[f"{name}_commands"] = traffic.commands  # type: ignore[assignment]
+    return figures
 
 
 def _report(name: str, figures: dict[str, float], batches: list[Batch]) -> None:
@@ -402,6 +528,12 @@ def _report(name: str, figures: dict[str, float], batches: list[Batch]) -> None:
     print(f"{name}.sink_rows_per_s {figures['sink']:.0f}")
     print(f"{name}.bare_rows_per_s {figures['bare']:.0f}")
     print(f"{name}.ratio {figures['ratio']:.2f}")
+    for side in ("sink", "bare"):
+        if f"{side}_commands_per_row" in figures:
+            print(f"{name}.{side}_commands_per_row {figures[f'{side}_commands_per_row']:.3f}")
+            print(f"{name}.{side}_operations_per_row {figures[f'{side}_operations_per_row']:.3f}")
+            print(f"{name}.{side}_bytes_per_row {figures[f'{side}_bytes_per_row']:.0f}")
+            print(f"{name}: {side} commands in the counted batches: {figures[f'{side}_commands']}", file=sys.stderr)
     if "bare_as_stored" in figures:
         print(f"{name}.bare_as_stored_rows_per_s {figures['bare_as_stored']:.0f}")
         print(f"{name}.ratio_as_stored {figures['ratio_as_stored']:.2f}")

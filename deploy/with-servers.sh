@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Run a command against a throwaway Kafka broker and FerretDB on free ports in a temp
+# Run a command against a throwaway Kafka broker and FerretDB (on its PostgreSQL backend;
+# FERRETDB_BACKEND=sqlite for the other) on free ports in a temp
 # dir, and stop both servers however the command ends (success, failure, ^C, TERM).
 #
 #   deploy/with-servers.sh [--no-mongo] [--secure] -- COMMAND [ARGS...]
@@ -46,7 +47,7 @@ cleanup() {
         rm -rf "$work"
     else
         # The secure broker's certificates and passwords go in any case; its logs stay.
-        rm -rf "$work/kafka/kraft" "$work/ferretdb/db" "$work/kafka-secure/kraft" "$work/kafka-secure/secure" \
+        rm -rf "$work/kafka/kraft" "$work/ferretdb/db" "$work/ferretdb/pg" "$work/kafka-secure/kraft" "$work/kafka-secure/secure" \
             "$work/kafka-secure/server.properties"
         echo "with-servers.sh: exit $rc; server logs kept in $work" >&2
     fi

@@ -1,16 +1,20 @@
 #!/usr/bin/env bash
-# FerretDB 1.x (MongoDB wire protocol over SQLite), built from the Go module proxy.
-# It stands in for MongoDB in the mongodb sink's tests; no MongoDB server is in reach.
+# FerretDB 1.x (MongoDB wire protocol over PostgreSQL or SQLite), built from the Go
+# module proxy. It stands in for MongoDB in the mongodb sink's tests and benchmarks; no
+# MongoDB server is in reach.
 #
 #   ferretdb.sh build                         binary into the cache (skipped when cached)
-#   ferretdb.sh up   [--port P] [--data DIR]  start in the background, wait until a
+#   ferretdb.sh up   [--port P] [--data DIR] [--backend postgresql|sqlite]
+#                                             start in the background, wait until a
 #                                             `ping` succeeds, print mongodb://127.0.0.1:P/
-#   ferretdb.sh down [--data DIR]             stop the server of DIR and wait for it
+#   ferretdb.sh down [--data DIR]             stop the server of DIR (and its PostgreSQL)
 #   ferretdb.sh status [--data DIR]           print the URL if running, else exit 1
 #
-# --port 0 picks a free port; DIR defaults to <repo>/.run/ferretdb. Only the URL goes
-# to stdout. Environment: STEPSTREAM_CACHE (default ~/.cache/stepstream),
-# FERRETDB_READY_TIMEOUT (seconds, default 30); Go's own GOMODCACHE/GOCACHE apply.
+# --port 0 picks a free port; DIR defaults to <repo>/.run/ferretdb. The backend defaults
+# to postgresql (FerretDB's production one): postgres.sh installs Debian's package when
+# missing and runs a throwaway cluster in DIR/pg. Only the URL goes to stdout.
+# Environment: STEPSTREAM_CACHE (default ~/.cache/stepstream), FERRETDB_BACKEND (the
+# default backend), FERRETDB_READY_TIMEOUT (seconds, default 30); Go's GOMODCACHE/GOCACHE.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -84,16 +88,20 @@ build() {
 parse_args() {
     port=27017
     data="$repo/.run/ferretdb"
+    backend="${FERRETDB_BACKEND:-postgresql}"
     while (($#)); do
         case "$1" in
             --port) port="${2:?--port needs a value}"; shift 2 ;;
             --port=*) port="${1#*=}"; shift ;;
             --data) data="${2:?--data needs a value}"; shift 2 ;;
             --data=*) data="${1#*=}"; shift ;;
+            --backend) backend="${2:?--backend needs a value}"; shift 2 ;;
+            --backend=*) backend="${1#*=}"; shift ;;
             *) die "unknown argument: $1" ;;
         esac
     done
     [[ "$port" =~ ^[0-9]+$ ]] || die "--port must be a number, got: $port"
+    [[ "$backend" == postgresql || "$backend" == sqlite ]] || die "--backend is postgresql or sqlite, got: $backend"
     data="$(realpath -m -- "$data")"
     pid_file="$data/ferretdb.pid"
     url_file="$data/url"
@@ -137,6 +145,7 @@ fail_start() {
     local pid
     if pid="$(running_pid)"; then kill -KILL "$pid" 2>/dev/null || true; fi
     rm -f "$pid_file" "$url_file"
+    "$here/postgres.sh" down --data "$data" || true
     exit 1
 }
 
@@ -192,9 +201,19 @@ up() {
     elif port_in_use "$port"; then
         die "port $port on 127.0.0.1 is already in use (another server? try 'make mongo-down' or MONGO_PORT=...)"
     fi
-    mkdir -p "$data/db" "$data/state"
-    local started=$SECONDS
-    setsid "$bin" --handler=sqlite --sqlite-url="file:$data/db/" \
+    mkdir -p "$data/state"
+    local started=$SECONDS handler
+    if [[ "$backend" == postgresql ]]; then
+        local pg_url
+        pg_url="$("$here/postgres.sh" up --data "$data")" || die "PostgreSQL for FerretDB did not start (reason above)"
+        # FerretDB 1.24 holds a pooled connection per update statement until its command
+        # ends (handler/msg_update.go): its default pool of 50 deadlocks on 50 at once.
+        handler=(--handler=postgresql --postgresql-url="$pg_url?pool_max_conns=250")
+    else
+        mkdir -p "$data/db"
+        handler=(--handler=sqlite --sqlite-url="file:$data/db/")
+    fi
+    setsid "$bin" "${handler[@]}" \
         --listen-addr="127.0.0.1:$port" --state-dir="$data/state" \
         --debug-addr=- --telemetry=disable --log-level=warn \
         >>"$data/ferretdb.log" 2>&1 </dev/null &
@@ -207,7 +226,7 @@ up() {
         ((SECONDS < deadline)) || fail_start "FerretDB did not answer ping after ${ready_timeout}s"
         sleep 0.1
     done
-    log "FerretDB $ferretdb_version ready on 127.0.0.1:$port in $((SECONDS - started))s (pid $pid, data $data)"
+    log "FerretDB $ferretdb_version ($backend) ready on 127.0.0.1:$port in $((SECONDS - started))s (pid $pid, data $data)"
     cat "$url_file"
 }
 
@@ -216,6 +235,7 @@ down() {
     local pid
     if ! pid="$(running_pid)"; then
         rm -f "$pid_file"
+        "$here/postgres.sh" down --data "$data"
         log "not running (data $data)"
         return 0
     fi
@@ -230,6 +250,7 @@ down() {
         sleep 0.1
     done
     rm -f "$pid_file"
+    "$here/postgres.sh" down --data "$data"   # after FerretDB: its pool goes first
     log "stopped (pid $pid)"
 }
 
@@ -248,5 +269,5 @@ case "$cmd" in
     up) up "$@" ;;
     down) down "$@" ;;
     status) status "$@" ;;
-    *) sed -n '2,13s/^# \{0,1\}//p' "${BASH_SOURCE[0]}" >&2; exit 2 ;;
+    *) sed -n '2,17s/^# \{0,1\}//p' "${BASH_SOURCE[0]}" >&2; exit 2 ;;
 esac

@@ -229,3 +229,36 @@ async def test_mongodb_reads_states_stored_before_last_seq_was_a_field() -> None
         await client.close()
         await store.close()
         await drop_database(url)
+
+
+async def test_mongodb_states_written_after_the_read_by_another_writer_are_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Runs whose state another writer moved ahead between the batch's read and its
+    state writes are refused, the others in the same command land (on FerretDB a bulk
+    that collided is read back and finished one by one)."""
+    from stepstream.sinks.mongodb import MongoStepStore
+
+    url = _fresh_mongo_url()
+    ours, theirs = await open_step_store(url), await open_step_store(url)
+    try:
+        runs = [f"r{i}" for i in range(20)]
+        assert await ours.write([], [], [state(r, last_seq=1) for r in runs]) == []
+        read = MongoStepStore._stored_last_seq
+
+        async def read_then_overtake(self: MongoStepStore, keys: list) -> dict:
+            stored = await read(self, keys)
+            if self is ours:
+                await theirs.write([], [], [state(r, last_seq=9) for r in ("r3", "r17")])
+            return stored
+
+        monkeypatch.setattr(MongoStepStore, "_stored_last_seq", read_then_overtake)
+        refused = await ours.write([], [], [state(r, last_seq=5) for r in runs])
+        monkeypatch.undo()
+        assert refused == [(COMPANY, "r3"), (COMPANY, "r17")]
+        got = await ours.load_states(COMPANY, runs)
+        assert {r: s.last_seq for r, s in got.items()} == {r: 9 if r in ("r3", "r17") else 5 for r in runs}
+    finally:
+        await ours.close()
+        await theirs.close()
+        await drop_database(url)

@@ -153,3 +153,33 @@ async def test_mongodb_keeps_the_write_concern_the_url_sets() -> None:
                 await store.close()
     finally:
         await drop_database(url)
+
+
+async def test_mongodb_production_defaults() -> None:
+    """A majority with a timeout, retryable writes, and the write path's reads on the
+    primary even when the URL lets readers use secondaries (checked on the client:
+    FerretDB has no replica set to route to)."""
+    base = os.environ.get(MONGO_ENV)
+    if not base:
+        pytest.fail(f"{MONGO_ENV} is not set: run the suite via `make test`, which starts FerretDB")
+    from pymongo import ReadPreference
+
+    url = mongo_url(base, f"stepstream_test_{uuid.uuid4().hex[:16]}")
+    store = await open_step_store(with_option(url, "readPreference=secondaryPreferred"))
+    try:
+        assert store.durability.startswith("w=majority,j=true,wtimeout=10000")
+        conn = store._conn  # type: ignore[attr-defined]
+        assert conn.client.options.retry_writes is True
+        assert conn.db.read_preference == ReadPreference.SECONDARY_PREFERRED  # readers: as the URL says
+        assert conn.on_primary("run_state").read_preference == ReadPreference.PRIMARY
+        assert await store.write([step(0)], [run()], [state(last_seq=1)]) == []
+        assert (await store.load_states(COMPANY, ["r1"]))["r1"].last_seq == 1
+    finally:
+        await store.close()
+        await drop_database(url)
+    store = await open_step_store(with_option(url, "retryWrites=false"))
+    try:
+        assert store._conn.client.options.retry_writes is False  # type: ignore[attr-defined]
+    finally:
+        await store.close()
+        await drop_database(url)

@@ -70,8 +70,17 @@ just before the new owner wrote can still land (see ``docs/sinks.md``). FerretDB
 writers updating one run's state at the same instant can both pass it
 (``capabilities.monotonic_states`` is false there).
 
+**Text with U+0000.** A raw string holding U+0000 (reasoning, a label, a failure
+message) is stored as its UTF-8 bytes and read back as text: FerretDB on PostgreSQL
+refuses ``\\u0000`` (``jsonb``), MongoDB would not care.
+
+**Reads of the write path** (stored states, reasoning, retention entries, the
+compactor's ranking) go to the primary whatever the URL's ``readPreference``; the
+readers' queries follow the URL. Writes are retryable (``retryWrites=true`` unless the
+URL says otherwise).
+
 **Durability.** Unless the URL sets ``w`` or ``journal`` (pymongo's names), every
-write uses the write concern ``w=majority, j=true``: acknowledged once a
+write uses the write concern ``w=majority, j=true, wtimeout=10000``: acknowledged once a
 majority of the replica set has it in its journal (on a standalone server, once
 it is in the journal). ``durability`` names the effective concern. FerretDB 1.24
 accepts and ignores write concerns (``writeConcern`` is an ignored field of its
@@ -191,6 +200,9 @@ FERRETDB_CAPABILITIES = Capabilities(
 )
 DEFAULT_DATABASE = "stepstream"
 DEFAULT_WRITE_CONCERN = {"w": "majority", "j": True}
+# A majority that cannot be reached within this is a SinkUnavailable (WTimeoutError),
+# retried by the worker, instead of a write that waits forever (the server's default).
+DEFAULT_WTIMEOUT_MS = 10_000
 DUPLICATE_KEY = 11000
 # Server error codes that mean "not now": host unreachable or not found, network
 # timeout, shutting down, primary stepped down, time limit, socket error, write
@@ -275,6 +287,7 @@ class _Connection:
         self.url = url
         self.client: Any = None
         self.db: Any = None
+        self.primary: Any = None
         self.ferretdb = False
         self.durability = ""
         self._bulk_lock = asyncio.Lock()
@@ -284,15 +297,23 @@ class _Connection:
             query = self.url.partition("?")[2]
             if any(part.split("=", 1)[0].lower() == "j" for part in query.split("&")):
                 raise ConfigError("mongodb sink URL: pymongo ignores 'j'; use journal=true or journal=false")
+            options = {part.split("=", 1)[0].lower() for part in query.split("&")}
             try:
-                self.client = AsyncMongoClient(self.url)
+                # Retryable writes (pymongo's default, said here): a write interrupted by a
+                # failover is retried once by the driver, and the server applies it once.
+                self.client = AsyncMongoClient(self.url, **({} if "retrywrites" in options else {"retryWrites": True}))
             except pymongo.errors.ConfigurationError as exc:
                 raise ConfigError(f"bad mongodb URL: {exc}") from exc
             given = self.client.write_concern.document
             concern = None
             if not {"w", "j", "fsync"} & given.keys():
-                concern = WriteConcern(**DEFAULT_WRITE_CONCERN, wtimeout=given.get("wtimeout"))
+                concern = WriteConcern(**DEFAULT_WRITE_CONCERN, wtimeout=given.get("wtimeout", DEFAULT_WTIMEOUT_MS))
             self.db = self.client.get_default_database(default=DEFAULT_DATABASE, write_concern=concern)
+            # What the write path reads (stored states, reasoning, retention entries) and
+            # the compactor's ranking come from the primary whatever the URL's
+            # readPreference: a secondary's older copy would pass a stale run or merge
+            # text onto an old version. Readers' queries (runs, steps, bodies) follow the URL.
+            self.primary = self.db.with_options(read_preference=pymongo.ReadPreference.PRIMARY)
             build = await self.db.command("buildInfo")
             self.ferretdb = "ferretdbVersion" in build
             self.durability = _concern_text(self.db.write_concern.document)
@@ -305,7 +326,7 @@ class _Connection:
     async def close(self) -> None:
         if self.client is not None:
             await self.client.close()
-        self.client = self.db = None
+        self.client = self.db = self.primary = None
 
     async def find_by_id(
         self, collection: str, ids: Sequence[str], projection: dict[str, Any]
@@ -319,7 +340,7 @@ class _Connection:
         ids = list(dict.fromkeys(ids))
         if not ids:
             return {}
-        found = self[collection]
+        found = self.on_primary(collection)
         projection = {**projection, "_id": 1}
         if self.ferretdb and len(ids) <= FERRETDB_LOOKUPS_MAX:
             docs = await _gather(*(found.find_one({"_id": _id}, projection) for _id in ids))
@@ -396,7 +417,8 @@ class _Connection:
         ``(_id, seq, doc)``; returns the indexes refused (a stored ``last_seq`` at or
         past ``seq`` makes the upsert collide on ``_id``). MongoDB: one unordered
         bulk. FerretDB answers a bulk whose statement failed without ``nModified``
-        (pymongo then raises ``KeyError``), so there it is one statement per command."""
+        (pymongo then raises ``KeyError``): there a failed command's documents are read
+        back and those that do not hold what was written are sent one per command."""
         replaces = [({"_id": _id, "last_seq": {"$not": {"$gte": seq}}}, doc) for _id, seq, doc in writes]
         if not self.ferretdb:
             try:
@@ -406,14 +428,35 @@ class _Connection:
             except BulkWriteError as exc:
                 return _collided(exc)
             return []
+        # FerretDB: commands of up to FERRETDB_UPDATES_PER_COMMAND; one whose statement
+        # collided is answered without nModified (pymongo: KeyError), so which of its
+        # statements landed is read back (a document holding exactly what was written)
+        # and the others are sent one per command.
         refused = []
+        found = self[collection]
         async with self._bulk_lock:
-            for index, (where, doc) in enumerate(replaces):
+            for start in range(0, len(replaces), FERRETDB_UPDATES_PER_COMMAND):
+                chunk = list(enumerate(replaces))[start : start + FERRETDB_UPDATES_PER_COMMAND]
                 try:
-                    await self[collection].replace_one(where, doc, upsert=True)
-                except DuplicateKeyError:
-                    refused.append(index)
+                    await found.bulk_write([ReplaceOne(where, doc, upsert=True) for _, (where, doc) in chunk], ordered=False)
+                    continue
+                except (KeyError, BulkWriteError):
+                    pass
+                ids = [where["_id"] for _, (where, _) in chunk]
+                stored = {d["_id"]: d async for d in self.on_primary(collection).find({"_id": {"$in": ids}})}
+                for index, (where, doc) in chunk:
+                    if stored.get(where["_id"]) == {"_id": where["_id"], **doc}:
+                        continue  # this statement landed
+                    try:
+                        await found.replace_one(where, doc, upsert=True)
+                    except DuplicateKeyError:
+                        refused.append(index)
         return refused
+
+    def on_primary(self, collection: str) -> Any:
+        """``collection`` read from the primary (the write path's and compactor's reads)."""
+        self[collection]  # the closed-store check
+        return self.primary[collection]
 
     def __getitem__(self, collection: str) -> Any:
         if self.db is None:
@@ -439,6 +482,39 @@ DEEP_INDEXES = {
     ],
     "deep_runs": [(_KEY2, {"unique": True, "name": "key"})],
 }
+
+
+def _stored_text(text: str) -> str | bytes:
+    """A string as stored: one holding U+0000 as its UTF-8 bytes (BSON binary),
+    because PostgreSQL's ``jsonb`` refuses ``\\u0000`` (FerretDB on PostgreSQL
+    answers ``unsupported Unicode escape sequence``); MongoDB would take it either way."""
+    return text.encode() if "\x00" in text else text
+
+
+def _storable(fields: dict[str, Any]) -> dict[str, Any]:
+    """``fields`` (and the documents inside it) with every string :func:`_stored_text`
+    (in place). JSON-text fields escape U+0000 already; this is for the raw ones."""
+    for name, value in fields.items():
+        if type(value) is str:
+            if "\x00" in value:
+                fields[name] = value.encode()
+        elif type(value) is dict:
+            _storable(value)
+    return fields
+
+
+def _read_back(doc: dict[str, Any]) -> dict[str, Any]:
+    """The inverse of :func:`_storable` (in place): no field of ours holds bytes otherwise."""
+    for name, value in doc.items():
+        if type(value) is bytes:
+            doc[name] = value.decode()
+        elif type(value) is dict:
+            _read_back(value)
+    return doc
+
+
+def _text(value: str | bytes | None) -> str | None:
+    return value.decode() if type(value) is bytes else value  # type: ignore[union-attr]
 
 
 def _collided(exc: BulkWriteError) -> list[int]:
@@ -471,6 +547,7 @@ def _run_write(run: RunRecord, new: bool) -> tuple[dict[str, Any] | None, Any]:
     if run.environment is not None:  # free-form keys: JSON text, as step arguments
         doc["environment"] = _json.encode(run.environment).decode()
     doc["recency"] = recency(run)
+    _storable(doc)
     _id = row_id(run.company_id, run.run_id)
     return ({"_id": _id, **doc} if new else None), UpdateOne({"_id": _id}, {"$set": doc}, upsert=True)
 
@@ -486,6 +563,7 @@ def _step_writes(
         fields = _to_builtins(step)  # omit_defaults: the None fields (which keep) are absent
         if step.arguments is not None:
             fields["arguments"] = _json.encode(step.arguments).decode()
+        _storable(fields)
         merged.setdefault((step.company_id, step.run_id, step.step_seq), {}).update(fields)
     writes = []
     for key, fields in merged.items():
@@ -538,7 +616,7 @@ def _reasoning_filter(_id: str, seen: _Seen) -> dict[str, Any]:
     a row without one the same text (``None`` matches a missing field too)."""
     where = {"_id": _id, REASONING_VERSION: seen.version}
     if seen.version is None:
-        where["reasoning"] = seen.reasoning
+        where["reasoning"] = None if seen.reasoning is None else _stored_text(seen.reasoning)
     return where
 
 
@@ -577,14 +655,14 @@ class _RowWrite:
         text = self.text_over(seen.reasoning)
         if text == seen.reasoning:
             return {"_id": _id}, self.update()
-        fields = {**self.fields, "reasoning": text, REASONING_VERSION: ObjectId()}
+        fields = {**self.fields, "reasoning": _stored_text(text), REASONING_VERSION: ObjectId()}  # type: ignore[arg-type]
         return _reasoning_filter(_id, seen), self.update(fields)
 
     def document(self, _id: str) -> dict[str, Any]:
         """The document its update creates where no row is stored."""
         fields = self.fields
         if self.chunks:
-            fields = {**fields, "reasoning": self.text_over(None), REASONING_VERSION: ObjectId()}
+            fields = {**fields, "reasoning": _stored_text(self.text_over(None)), REASONING_VERSION: ObjectId()}  # type: ignore[arg-type]
         return {"_id": _id, **fields, "ts": self.ts, "clipped": fields.get("clipped", False)}
 
 
@@ -609,6 +687,7 @@ def _stored(doc: dict[str, Any]) -> _Stored:
 
 
 def _step(doc: dict[str, Any]) -> StepRecord:
+    _read_back(doc)
     arguments = doc.pop("arguments", None)
     step = msgspec.convert(doc, StepRecord)
     if arguments is not None:
@@ -635,6 +714,7 @@ def _filter_query(where: RunFilter) -> dict[str, Any]:
 
 
 def _run(doc: dict[str, Any]) -> RunRecord:
+    _read_back(doc)
     environment = doc.pop("environment", None)
     if environment is not None:
         doc["environment"] = msgspec.json.decode(environment)
@@ -647,6 +727,8 @@ _DEEP_JSON_NAMES = ("arguments", "output", "call_event", "result_event")
 
 def _deep(doc: dict[str, Any]) -> DeepRecord:
     doc.pop(REASONING_VERSION, None)
+    if type(doc.get("reasoning")) is bytes:
+        doc["reasoning"] = doc["reasoning"].decode()
     bodies = {name: doc.pop(name) for name in _DEEP_JSON_NAMES if doc.get(name) is not None}
     deep = msgspec.convert(doc, DeepRecord)
     for name, text in bodies.items():
@@ -963,7 +1045,7 @@ class MongoDeepStore:
         if not ids:
             return {}
         docs = await self._conn.find_by_id("run_step_details", list(ids), {"reasoning": 1, REASONING_VERSION: 1})
-        return {ids[_id]: _Seen(doc.get("reasoning"), doc.get(REASONING_VERSION)) for _id, doc in docs.items()}
+        return {ids[_id]: _Seen(_text(doc.get("reasoning")), doc.get(REASONING_VERSION)) for _id, doc in docs.items()}
 
     async def _index_entries(self, keys: Sequence[RunKey]) -> dict[RunKey, str | None]:
         """The runs among ``keys`` that have a retention index entry, with its
@@ -996,7 +1078,7 @@ class MongoDeepStore:
 
     async def _entries(self, company_id: str) -> dict[str, IndexEntry]:
         entries = {}
-        async for doc in self._conn["deep_runs"].find({"company_id": company_id}, _NO_ID):
+        async for doc in self._conn.on_primary("deep_runs").find({"company_id": company_id}, _NO_ID):
             entries[doc["run_id"]] = IndexEntry(
                 company_id=company_id, run_id=doc["run_id"], rank=doc.get("rank", ""), last_ts=doc.get("last_ts", ""),
                 received_at=doc.get("received_at", ""), version=int(doc.get("version", 0)),
@@ -1006,7 +1088,7 @@ class MongoDeepStore:
 
     async def _bodies(self, company_id: str) -> dict[str, tuple[int, str]]:
         bodies: dict[str, tuple[int, str]] = {}
-        cursor = self._conn["run_step_details"].find({"company_id": company_id}, {"_id": 0, "run_id": 1, "ts": 1})
+        cursor = self._conn.on_primary("run_step_details").find({"company_id": company_id}, {"_id": 0, "run_id": 1, "ts": 1})
         async for doc in cursor:
             count, last = bodies.get(doc["run_id"], (0, ""))
             bodies[doc["run_id"]] = (count + 1, max(last, doc["ts"]))
