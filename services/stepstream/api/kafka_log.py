@@ -1,0 +1,210 @@
+"""The ingest route's :class:`~stepstream.api.event_log.EventLog` on Kafka.
+
+One idempotent aiokafka producer per API process (``acks="all"``,
+``enable_idempotence=True``), built from the Kafka connection value, so TLS and SASL
+apply as to every other client. Records are sent in body order; a run's records
+share a key (``{company}/{run}``), hence a partition, so they land in order.
+
+Policy, by case:
+
+=========================================  ==================================================
+case                                       answer (:class:`LogUnavailable`, so 503)
+=========================================  ==================================================
+not connected yet (broker away at start;   ``unavailable``, ``Retry-After: 2``; the producer
+the producer is (re)started in the         is started in the background with backoff
+background)
+more than ``max_inflight_bytes`` of         ``full``, ``Retry-After: 1``, at once: the
+records sent and not yet acknowledged      request is not sent at all
+no acknowledgement of every record within  ``timeout``, ``Retry-After: 2``; what is still in
+``timeout_seconds``                        flight stays counted against the bound until the
+                                           producer settles it
+the producer or the broker refused a       ``unavailable``, ``Retry-After: 1``; after a
+record (``KafkaError``)                    refusal that is not retriable the producer is
+                                           replaced
+=========================================  ==================================================
+
+The API does not create topics (the worker does, or an admin): an unknown topic is
+the ``timeout`` case.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from stepstream.api.event_log import LogUnavailable, Record
+from stepstream.metrics import IngestMetrics
+
+__all__ = ["KafkaEventLog"]
+
+log = logging.getLogger("stepstream.api.ingest")
+
+_STOP_SECONDS = 5.0
+
+
+class KafkaEventLog:
+    """``await log.start()`` (returns at once; connects in the background), then
+    :meth:`append`; ``await log.close()``."""
+
+    def __init__(
+        self,
+        client_kwargs: dict[str, Any],
+        topic: str,
+        metrics: IngestMetrics,
+        *,
+        timeout_seconds: float = 10.0,
+        max_inflight_bytes: int = 67_108_864,
+        max_request_bytes: int = 1_048_576 + 65_536,
+        describe: str = "",
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._kwargs = client_kwargs
+        self.topic = topic
+        self._metrics = metrics
+        self._timeout = timeout_seconds
+        self._max_inflight = max_inflight_bytes
+        self._max_request = max_request_bytes
+        self._describe = describe or str(client_kwargs.get("bootstrap_servers", "?"))
+        self._clock = clock
+        self._producer: Any = None
+        self._inflight = 0
+        self._connector: asyncio.Task[None] | None = None
+        self._closing = False
+
+    @property
+    def connected(self) -> bool:
+        return self._producer is not None
+
+    def _new_producer(self) -> Any:
+        from aiokafka import AIOKafkaProducer
+
+        return AIOKafkaProducer(
+            **self._kwargs,
+            acks="all",
+            enable_idempotence=True,
+            linger_ms=0,  # a request waits for its acks: batching comes from what queues meanwhile
+            max_batch_size=1_048_576,
+            max_request_size=self._max_request,
+            request_timeout_ms=max(1000, int(self._timeout * 1000)),
+            client_id="stepstream-api-ingest",
+        )
+
+    async def start(self) -> None:
+        self._closing = False
+        if self._connector is None or self._connector.done():
+            self._connector = asyncio.create_task(self._connect(), name="stepstream-ingest-connect")
+
+    async def _connect(self) -> None:
+        from aiokafka.errors import KafkaError
+
+        backoff = 0.25
+        while not self._closing:
+            producer = self._new_producer()
+            try:
+                await producer.start()
+            except (KafkaError, OSError) as exc:
+                await _stop(producer)
+                log.warning("ingest: Kafka %s unreachable (%s); retrying in %.1fs", self._describe,
+                            type(exc).__name__, backoff)  # fmt: skip
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+                continue
+            self._producer = producer
+            self._metrics.connected.set(1)
+            log.warning("ingest: producing to %s on %s", self.topic, self._describe)
+            return
+
+    async def close(self) -> None:
+        self._closing = True
+        if self._connector is not None and not self._connector.done():
+            self._connector.cancel()
+            try:
+                await self._connector
+            except asyncio.CancelledError:
+                pass
+        producer, self._producer = self._producer, None
+        self._metrics.connected.set(0)
+        if producer is not None:
+            await _stop(producer)
+
+    def _replace(self, producer: Any) -> None:
+        """Drop a producer that refused for good; a new one is started in the background."""
+        if self._producer is producer:
+            self._producer = None
+            self._metrics.connected.set(0)
+            asyncio.get_running_loop().create_task(_stop(producer))
+            if not self._closing:
+                self._connector = asyncio.create_task(self._connect(), name="stepstream-ingest-connect")
+
+    def _release(self, size: int) -> None:
+        self._inflight -= size
+        self._metrics.inflight_bytes.set(self._inflight)
+
+    async def append(self, records: Sequence[Record]) -> None:
+        from aiokafka.errors import KafkaError
+
+        producer = self._producer
+        if producer is None:
+            raise LogUnavailable("Kafka is not connected", cause="unavailable", retry_after=2)
+        sizes = [len(key) + len(value) for key, value in records]
+        total = sum(sizes)
+        if self._inflight + total > self._max_inflight and self._inflight > 0:
+            raise LogUnavailable("the producer is full", cause="full", retry_after=1)
+        self._inflight += total
+        self._metrics.inflight_bytes.set(self._inflight)
+        started = self._clock()
+        deadline = started + self._timeout
+        deliveries: list[asyncio.Future[Any]] = []
+        unsent = total
+        try:
+            for (key, value), size in zip(records, sizes, strict=True):
+                left = deadline - self._clock()
+                if left <= 0:
+                    raise TimeoutError
+                delivery = await asyncio.wait_for(producer.send(self.topic, value, key=key), left)
+                unsent -= size
+                delivery.add_done_callback(_settled(self, size))
+                deliveries.append(delivery)
+            if deliveries:
+                done, pending = await asyncio.wait(deliveries, timeout=max(0.0, deadline - self._clock()))
+                if pending:
+                    raise TimeoutError
+                for delivery in done:
+                    exc = delivery.exception()
+                    if exc is not None:
+                        raise exc
+        except TimeoutError:
+            self._metrics.produce_failures.labels("timeout").inc()
+            raise LogUnavailable(
+                f"Kafka did not acknowledge every event within {self._timeout:g}s", cause="timeout", retry_after=2
+            ) from None
+        except KafkaError as exc:
+            self._metrics.produce_failures.labels("refused").inc()
+            log.warning("ingest: Kafka refused a record (%s)", type(exc).__name__)
+            if not getattr(exc, "retriable", False):
+                self._replace(producer)
+            raise LogUnavailable(f"Kafka refused the events ({type(exc).__name__})", cause="unavailable",
+                                 retry_after=1) from None  # fmt: skip
+        finally:
+            if unsent:
+                self._release(unsent)
+        self._metrics.produce_latency.observe(self._clock() - started)
+
+
+def _settled(owner: KafkaEventLog, size: int) -> Callable[[asyncio.Future[Any]], None]:
+    def settled(delivery: asyncio.Future[Any]) -> None:
+        if not delivery.cancelled():
+            delivery.exception()  # retrieved: a failure is answered (or was, as a timeout)
+        owner._release(size)
+
+    return settled
+
+
+async def _stop(producer: Any) -> None:
+    try:
+        await asyncio.wait_for(producer.stop(), _STOP_SECONDS)
+    except Exception as exc:  # noqa: BLE001 - stopping is best effort; say why
+        log.warning("ingest: the producer did not stop cleanly (%s)", type(exc).__name__)
