@@ -6,6 +6,7 @@
     from stepstream.emitter import Tracer
 
     tracer = Tracer("kafka://127.0.0.1:9092")          # or "127.0.0.1:9092"
+    # or, through the API (the token's company only): Tracer("https://api.example", token=...)
     with tracer.run("acme", agent_name="support-bot") as run:
         run.llm_request("c1", provider="anthropic", model="claude-sonnet-4", input=messages)
         run.thinking("the invoice total looks doubled")
@@ -26,6 +27,10 @@ Contracts:
   event is dropped and counted (:attr:`Tracer.dropped`); its ``seq`` is used anyway,
   so the loss shows downstream as a sequence gap of that run. No call waits for the
   broker; a broker that is down only fills the queue.
+- **Over HTTP.** With an ``http://`` or ``https://`` URL and a ``token`` (scope
+  ``ingest``), the same queue is sent in batches to the API's
+  ``POST /v1/companies/{company}/events`` (``stepstream.emitter.http_sender``: retries
+  with backoff on 429/503, refusals counted in ``failed``); the promises above hold.
 - **Errors.** A payload that is not JSON-encodable, an id outside the wire rules, or
   a call on an ended run raises at the call (a bug in the caller, reported where it
   is). A delivery the broker refuses or that times out is counted in
@@ -98,13 +103,27 @@ class Tracer:
         request_timeout_ms: int = 30_000,
         clock: Callable[[], datetime] | None = None,
         tee: Callable[[bytes], None] | None = None,
+        token: str | None = None,
+        batch_events: int = 500,
+        batch_bytes: int = 4_194_304,
     ) -> None:
-        """``broker``: ``host:port`` or ``kafka://host:port`` (several: comma-separated).
-        ``tee``: called with each accepted event's bytes, in queue order (the demo
-        writes them to a file)."""
-        if max_queue < 1:
-            raise ValueError("max_queue must be at least 1")
-        self.bootstrap = normalize_broker(broker)
+        """``broker``: ``host:port`` or ``kafka://host:port`` (several: comma-separated),
+        or the API's ``http(s)://host[:port]`` with ``token`` (an ``ingest`` token; the
+        API chooses the topic). ``batch_events`` / ``batch_bytes``: the most one HTTP
+        request carries. ``tee``: called with each accepted event's bytes, in queue
+        order (the demo writes them to a file)."""
+        if max_queue < 1 or batch_events < 1 or batch_bytes < 1:
+            raise ValueError("max_queue, batch_events and batch_bytes must be at least 1")
+        self.endpoint: str | None = None
+        if broker.lower().startswith(("http://", "https://")):
+            if not token:
+                raise ValueError("a tracer over HTTP needs token= (an ingest token of the company)")
+            self.endpoint, self.bootstrap = broker.rstrip("/"), ""
+        else:
+            self.bootstrap = normalize_broker(broker)
+        self._token = token
+        self.batch_events = batch_events
+        self.batch_bytes = batch_bytes
         self.topic = topic
         self.max_queue = max_queue
         self.flush_timeout = flush_timeout
@@ -289,12 +308,17 @@ class Tracer:
             log.warning(message, *args)
 
     async def _sender(self) -> None:
-        from aiokafka import AIOKafkaProducer
-        from aiokafka.errors import KafkaError
-
         self._wake = wake = asyncio.Event()
         self._loop = asyncio.get_running_loop()
         self._loop_ready.set()
+        if self.endpoint is not None:
+            from stepstream.emitter.http_sender import send_over_http
+
+            await send_over_http(self, wake)
+            return
+        from aiokafka import AIOKafkaProducer
+        from aiokafka.errors import KafkaError
+
         producer: AIOKafkaProducer | None = None
         backoff = 0.1
         try:
