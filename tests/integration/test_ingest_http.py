@@ -260,7 +260,7 @@ def requests(draw: Any) -> tuple[str, str, list[tuple[str, bytes]]]:
     return token_company, path_company, lines
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(request=requests(), as_array=st.booleans())
 def test_no_request_makes_an_event_of_another_company_land(env, request, as_array) -> None:
     app, tokens, tail = env
