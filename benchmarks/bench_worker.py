@@ -62,7 +62,7 @@ from stepstream.core.wire import (
     partition_key,
 )
 from stepstream.emitter.corpus import generate_events, generate_many_runs
-from stepstream.ingest.app import ensure_topics
+from stepstream.kafka.topics import ensure_topics
 
 from benchmarks.durability_probe import DurabilityProbe
 from benchmarks.worker_process import (

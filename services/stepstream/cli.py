@@ -12,7 +12,7 @@ import logging
 import sys
 from pathlib import Path
 
-from stepstream.config import Settings, load_settings
+from stepstream.config import KAFKA_OVERRIDES, Settings, load_settings
 from stepstream.errors import StepstreamError
 
 
@@ -21,9 +21,35 @@ def _common(p: argparse.ArgumentParser) -> None:
         "--broker", help="Kafka bootstrap host:port or kafka://host:port, comma-separated [STEPSTREAM_BROKER, 127.0.0.1:9092]"
     )
     p.add_argument("--topic", help="raw event topic [STEPSTREAM_TOPIC, stepstream.events]")
+    _kafka_security(p)
     p.add_argument("--partitions", type=int, help="partitions of the raw and dead-letter topics [4]")
     p.add_argument("--replication-factor", type=int, help="replication factor of the topics created [1]")
     p.add_argument("--log-level", help="debug, info, warning, error [warning]")
+
+
+class _RefusePassword(argparse.Action):
+    def __call__(self, parser: argparse.ArgumentParser, *args: object, **kwargs: object) -> None:
+        parser.error("a password is never a flag: set STEPSTREAM_KAFKA_SASL_PASSWORD or --kafka-sasl-password-file")
+
+
+def _kafka_security(p: argparse.ArgumentParser) -> None:
+    """The Kafka connection's security (stepstream.kafka.connection). No password flag:
+    STEPSTREAM_KAFKA_SASL_PASSWORD, or a file (--kafka-sasl-password-file)."""
+    g = p.add_argument_group("Kafka security")
+    g.add_argument("--kafka-security-protocol", help="PLAINTEXT, SSL, SASL_PLAINTEXT, SASL_SSL "
+                   "[STEPSTREAM_KAFKA_SECURITY_PROTOCOL, PLAINTEXT]")  # fmt: skip
+    g.add_argument("--kafka-sasl-mechanism", help="PLAIN, SCRAM-SHA-256, SCRAM-SHA-512 [STEPSTREAM_KAFKA_SASL_MECHANISM]")
+    g.add_argument("--kafka-sasl-username", help="SASL user [STEPSTREAM_KAFKA_SASL_USERNAME]")
+    g.add_argument("--kafka-sasl-password-file", help="file holding the SASL password "
+                   "[STEPSTREAM_KAFKA_SASL_PASSWORD_FILE; or STEPSTREAM_KAFKA_SASL_PASSWORD]")  # fmt: skip
+    # Present only to refuse it (else argparse would take it for --kafka-sasl-password-file).
+    g.add_argument("--kafka-sasl-password", action=_RefusePassword, nargs="?", help=argparse.SUPPRESS)
+    g.add_argument("--kafka-ssl-cafile", help="PEM CA bundle the brokers' certificates must chain to "
+                   "[STEPSTREAM_KAFKA_SSL_CAFILE, the system's]")  # fmt: skip
+    g.add_argument("--kafka-ssl-certfile", help="PEM client certificate, for mTLS [STEPSTREAM_KAFKA_SSL_CERTFILE]")
+    g.add_argument("--kafka-ssl-keyfile", help="PEM key of the client certificate [STEPSTREAM_KAFKA_SSL_KEYFILE]")
+    g.add_argument("--kafka-ssl-check-hostname", action=argparse.BooleanOptionalAction, default=None,
+                   help="check the broker's name against its certificate [STEPSTREAM_KAFKA_SSL_CHECK_HOSTNAME, on]")  # fmt: skip
 
 
 def _sinks(p: argparse.ArgumentParser) -> None:
@@ -39,6 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
     _common(p)
     _sinks(p)
     p.add_argument("--app-id", help="faust app id = consumer group [stepstream-worker]")
+    p.add_argument("--no-create-topics", dest="create_topics", action="store_false", default=None,
+                   help="do not create the topics; check that they exist with --partitions partitions")  # fmt: skip
     p.add_argument("--web-port", type=int, help="port of /metrics, /ready, /healthz [6066]")
     p.add_argument("--web-host", help="bind address of the web port [127.0.0.1]")
     p.add_argument("--max-event-bytes", type=int, help="larger messages are dead-lettered as oversize [1048576]")
@@ -169,7 +197,7 @@ def _run_import(settings: Settings, args: argparse.Namespace) -> int:
         from stepstream.emitter.producer import Emitter
 
         async def publish() -> int:
-            async with Emitter(settings.broker, settings.topic) as emitter:
+            async with Emitter(settings.kafka, settings.topic) as emitter:
                 return await emitter.emit_many(events)
 
         print(f"published {asyncio.run(publish())} events to {settings.topic}")
@@ -294,9 +322,10 @@ def _settings(args: argparse.Namespace) -> Settings:
         "web_port", "web_host", "max_event_bytes", "idle_flush_seconds", "max_hold_seconds", "max_open_runs",
         "batch_bytes",
         "store_retry_seconds", "stop_grace_seconds", "replication_factor", "tokens_file", "api_host", "api_port",
-        "api_max_exports", "api_export_wait_seconds",
+        "api_max_exports", "api_export_wait_seconds", "create_topics",
         "api_ingest", "ingest_max_body_bytes", "ingest_max_events", "ingest_rate_events", "ingest_burst_events",
         "ingest_timeout_seconds", "ingest_max_inflight_bytes", "ingest_max_requests",
+        *KAFKA_OVERRIDES,
         "compactor_interval_seconds", "compactor_web_port", "deep_runs_per_company",
         "deep_ttl_seconds", "step_ttl_seconds", "abandon_after_seconds", "retention_file",
     )

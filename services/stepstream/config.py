@@ -7,14 +7,29 @@ Nothing else in stepstream reads the environment: every component takes a frozen
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Mapping
 
 import msgspec
 
 from stepstream.errors import ConfigError
+from stepstream.kafka.connection import KafkaConnection, faust_broker, normalize_broker
+
+__all__ = ["ENV_PREFIX", "KAFKA_OVERRIDES", "Settings", "faust_broker", "load_settings", "normalize_broker"]
 
 ENV_PREFIX = "STEPSTREAM_"
+# Flags of the Kafka connection (``--kafka-security-protocol`` is ``kafka_security_protocol``
+# among the overrides) and the connection field each sets. No password flag: a password
+# comes from the environment or a file, never from argv.
+KAFKA_OVERRIDES = {
+    "kafka_security_protocol": "security_protocol",
+    "kafka_sasl_mechanism": "sasl_mechanism",
+    "kafka_sasl_username": "sasl_username",
+    "kafka_sasl_password_file": "sasl_password_file",
+    "kafka_ssl_cafile": "ssl_cafile",
+    "kafka_ssl_certfile": "ssl_certfile",
+    "kafka_ssl_keyfile": "ssl_keyfile",
+    "kafka_ssl_check_hostname": "ssl_check_hostname",
+}
 
 
 class Settings(msgspec.Struct, frozen=True, kw_only=True):
@@ -22,6 +37,12 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     upper-cased field names with the ``STEPSTREAM_`` prefix."""
 
     broker: str = "127.0.0.1:9092"
+    # The brokers and their security (``STEPSTREAM_KAFKA_*``), read by load_settings;
+    # clients are built from :attr:`kafka` only. Its repr never shows the password.
+    connection: KafkaConnection | None = None
+    # The worker creates its topics unless this is off (``--no-create-topics``); then it
+    # checks that they exist with ``partitions`` partitions.
+    create_topics: bool = True
     topic: str = "stepstream.events"
     dlq_topic: str = ""  # default: "<topic>.dlq"
     partitions: int = 4
@@ -90,6 +111,12 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     ingest_max_requests: int = 32  # ingest requests served at once per process; 503 past it
 
     @property
+    def kafka(self) -> KafkaConnection:
+        """The connection every Kafka client is built from (plaintext to ``broker`` when
+        the settings were built directly, without :func:`load_settings`)."""
+        return self.connection if self.connection is not None else KafkaConnection.plaintext(self.broker)
+
+    @property
     def dlq(self) -> str:
         return self.dlq_topic or f"{self.topic}.dlq"
 
@@ -104,11 +131,18 @@ def load_settings(overrides: Mapping[str, object] | None = None, environ: Mappin
     env = os.environ if environ is None else environ
     values: dict[str, object] = {}
     for field in msgspec.structs.fields(Settings):
+        if field.name == "connection":
+            continue
         raw = env.get(ENV_PREFIX + field.name.upper())
         if raw is not None and raw != "":
             values[field.name] = raw
+    kafka_overrides: dict[str, object] = {}
     for key, value in (overrides or {}).items():
-        if value is not None:
+        if value is None:
+            continue
+        if key in KAFKA_OVERRIDES:
+            kafka_overrides[KAFKA_OVERRIDES[key]] = value
+        else:
             values[key] = value
     try:
         settings = msgspec.convert(values, Settings, strict=False)
@@ -129,33 +163,6 @@ def load_settings(overrides: Mapping[str, object] | None = None, environ: Mappin
         raise ConfigError("bad setting: ingest_* bounds must be at least 1, the rate at least 0, the timeout 0..600 s")
     if settings.ingest_rate_events > 0 and settings.ingest_burst_events < settings.ingest_max_events:
         raise ConfigError("bad setting: ingest_burst_events must be at least ingest_max_events")
-    return msgspec.structs.replace(settings, broker=normalize_broker(settings.broker))
+    connection = KafkaConnection.from_env(env, kafka_overrides, brokers=settings.broker)
+    return msgspec.structs.replace(settings, broker=connection.brokers, connection=connection)
 
-
-def normalize_broker(value: str) -> str:
-    """Bootstrap servers as ``host:port[,host:port...]`` from what users write:
-    ``host:port``, ``kafka://host:port`` (faust's form), several separated by ``,``
-    or ``;``. Raises :class:`ConfigError` for an address without a port or with
-    another scheme; the message names the setting, not the whole value."""
-    servers: list[str] = []
-    for part in re.split(r"[,;]", value):
-        part = part.strip()
-        if not part:
-            continue
-        if "://" in part:
-            scheme, _, part = part.partition("://")
-            if scheme.lower() != "kafka":
-                raise ConfigError(f"bad setting: broker: scheme {scheme[:16]!r} is not kafka://")
-            part = part.rstrip("/")
-        host, sep, port = part.rpartition(":")
-        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ConfigError("bad setting: broker: each address must be host:port or kafka://host:port")
-        servers.append(f"{host}:{int(port)}")
-    if not servers:
-        raise ConfigError("bad setting: broker: no address given")
-    return ",".join(servers)
-
-
-def faust_broker(value: str) -> str:
-    """The same servers as faust's broker URL list (``kafka://h:p;kafka://h:p``)."""
-    return ";".join(f"kafka://{server}" for server in normalize_broker(value).split(","))

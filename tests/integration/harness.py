@@ -22,7 +22,7 @@ from aiokafka.errors import GroupCoordinatorNotAvailableError
 
 from stepstream.config import load_settings
 from stepstream.emitter.producer import Emitter
-from stepstream.ingest.app import ensure_topics
+from stepstream.kafka.topics import ensure_topics
 from stepstream.sinks import open_deep_store, open_step_store
 
 

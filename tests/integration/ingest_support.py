@@ -25,6 +25,7 @@ from stepstream.api.ingest import Ingest, IngestLimits
 from stepstream.api.kafka_log import KafkaEventLog
 from stepstream.api.ratelimit import CompanyBuckets
 from stepstream.api.tokens import TokenRegistry
+from stepstream.kafka.connection import KafkaConnection
 from stepstream.metrics import ApiMetrics, IngestMetrics
 from stepstream.sinks.memory import MemoryDeepStore, MemoryStepStore
 
@@ -93,7 +94,7 @@ class IngestApp:
         self.loop = loop
         self.metrics = ApiMetrics()
         self.ingest_metrics = IngestMetrics(self.metrics.registry)
-        self.log = KafkaEventLog({"bootstrap_servers": broker}, topic, self.ingest_metrics, timeout_seconds=timeout_seconds)
+        self.log = KafkaEventLog(KafkaConnection.plaintext(broker), topic, self.ingest_metrics, timeout_seconds=timeout_seconds)
         ingest = Ingest(self.log, CompanyBuckets(rate, burst), limits or IngestLimits(), self.ingest_metrics)
         self.app: ApiApp = create_app(MemoryStepStore(), MemoryDeepStore(), TokenRegistry(tokens), self.metrics, ingest=ingest)
         self.client: httpx.AsyncClient | None = None

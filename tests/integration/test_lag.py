@@ -9,8 +9,9 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from stepstream.config import load_settings
-from stepstream.ingest.app import ensure_topics
+from stepstream.kafka.topics import ensure_topics
 from stepstream.ingest.lag import LagPoller
+from stepstream.kafka.connection import KafkaConnection
 from stepstream.metrics import Metrics
 
 pytestmark = pytest.mark.integration
@@ -21,7 +22,7 @@ async def test_lag_gauge_reads_produced_then_returns_to_zero(kafka_bootstrap):
     topic, group = f"lag-{tag}", f"lag-group-{tag}"
     await ensure_topics(load_settings({"broker": kafka_bootstrap, "topic": topic, "partitions": 3}, environ={}))
     metrics = Metrics()
-    poller = LagPoller(kafka_bootstrap, group, topic, metrics)
+    poller = LagPoller(KafkaConnection.plaintext(kafka_bootstrap), group, topic, metrics)
     await poller.start()
     producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
     await producer.start()

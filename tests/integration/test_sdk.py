@@ -25,7 +25,7 @@ from stepstream.core.wire import decode_event
 from stepstream.emitter import Tracer
 from stepstream.emitter.corpus import generate_events
 from stepstream.emitter.demo import run_demo
-from stepstream.ingest.app import ensure_topics
+from stepstream.kafka.topics import ensure_topics
 
 pytestmark = pytest.mark.integration
 

@@ -1,8 +1,9 @@
 """The ingest route's :class:`~stepstream.api.event_log.EventLog` on Kafka.
 
 One idempotent aiokafka producer per API process (``acks="all"``,
-``enable_idempotence=True``), built from the Kafka connection value, so TLS and SASL
-apply as to every other client. Records are sent in body order; a run's records
+``enable_idempotence=True``), built from the Kafka connection value
+(:class:`~stepstream.kafka.connection.KafkaConnection`), so TLS and SASL apply as to
+every other client, and its effective protocol is checked like theirs. Records are sent in body order; a run's records
 share a key (``{company}/{run}``), hence a partition, so they land in order.
 
 Policy, by case:
@@ -36,6 +37,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from stepstream.api.event_log import LogUnavailable, Record
+from stepstream.kafka.connection import KafkaConnection, effective_protocol
 from stepstream.metrics import IngestMetrics
 
 __all__ = ["KafkaEventLog"]
@@ -51,23 +53,23 @@ class KafkaEventLog:
 
     def __init__(
         self,
-        client_kwargs: dict[str, Any],
+        connection: KafkaConnection,
         topic: str,
         metrics: IngestMetrics,
         *,
         timeout_seconds: float = 10.0,
         max_inflight_bytes: int = 67_108_864,
         max_request_bytes: int = 1_048_576 + 65_536,
-        describe: str = "",
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._kwargs = client_kwargs
+        self.connection = connection
+        self._kwargs = connection.aiokafka_kwargs()  # a TLS file that cannot be read raises here, at start
         self.topic = topic
         self._metrics = metrics
         self._timeout = timeout_seconds
         self._max_inflight = max_inflight_bytes
         self._max_request = max_request_bytes
-        self._describe = describe or str(client_kwargs.get("bootstrap_servers", "?"))
+        self._describe = connection.describe()
         self._clock = clock
         self._producer: Any = None
         self._inflight = 0
@@ -81,7 +83,7 @@ class KafkaEventLog:
     def _new_producer(self) -> Any:
         from aiokafka import AIOKafkaProducer
 
-        return AIOKafkaProducer(
+        producer = AIOKafkaProducer(
             **self._kwargs,
             acks="all",
             enable_idempotence=True,
@@ -91,6 +93,8 @@ class KafkaEventLog:
             request_timeout_ms=max(1000, int(self._timeout * 1000)),
             client_id="stepstream-api-ingest",
         )
+        self.connection.check_protocol(effective_protocol(producer), "the API's ingest producer")
+        return producer
 
     async def start(self) -> None:
         self._closing = False

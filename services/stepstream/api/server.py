@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from pathlib import Path
-from typing import Any
 
 import uvicorn
 
@@ -19,12 +18,6 @@ from stepstream.sinks import open_deep_store, open_step_store
 log = logging.getLogger("stepstream.api")
 
 
-def producer_kwargs(settings: Settings) -> dict[str, Any]:
-    """The ingest producer's connection: aiokafka keyword arguments of the settings'
-    Kafka connection value (brokers, TLS, SASL)."""
-    return {"bootstrap_servers": settings.broker}
-
-
 def build_ingest(settings: Settings, metrics: ApiMetrics) -> Ingest:
     """The ingest route's parts from the settings; its Kafka event log is not started."""
     from stepstream.api.kafka_log import KafkaEventLog
@@ -33,7 +26,7 @@ def build_ingest(settings: Settings, metrics: ApiMetrics) -> Ingest:
 
     ingest_metrics = IngestMetrics(metrics.registry)
     event_log = KafkaEventLog(
-        producer_kwargs(settings),
+        settings.kafka,
         settings.topic,
         ingest_metrics,
         timeout_seconds=settings.ingest_timeout_seconds,

@@ -23,6 +23,7 @@ from stepstream.compactor.passes import Compactor
 from stepstream.compactor.policy import CompanyPolicy, RetentionPolicy, load_policy
 from stepstream.config import Settings
 from stepstream.core import wire
+from stepstream.kafka.connection import KafkaConnection
 from stepstream.metrics import Metrics
 from stepstream.sinks import open_deep_store, open_step_store
 
@@ -33,8 +34,8 @@ class KafkaPublisher:
     """Publishes ``run_close`` events with the agents' producer settings
     (``acks=all``, idempotent), started on first use."""
 
-    def __init__(self, broker: str, topic: str) -> None:
-        self._broker = broker
+    def __init__(self, kafka: KafkaConnection, topic: str) -> None:
+        self._kafka = kafka
         self._topic = topic
         self._emitter: Any = None
 
@@ -42,7 +43,7 @@ class KafkaPublisher:
         if self._emitter is None:
             from stepstream.emitter.producer import Emitter
 
-            emitter = Emitter(self._broker, self._topic)
+            emitter = Emitter(self._kafka, self._topic)
             await emitter.__aenter__()
             self._emitter = emitter
         await self._emitter.emit(event)
@@ -115,7 +116,7 @@ async def run_compactor(settings: Settings, *, once: bool = False, metrics: Metr
         from stepstream.sinks.faults import wrap_stores
 
         steps, deep = wrap_stores(steps, deep, settings.fault_plan)
-    publisher = KafkaPublisher(settings.broker, settings.topic)
+    publisher = KafkaPublisher(settings.kafka, settings.topic)
     compactor = Compactor(steps, deep, policy, metrics=metrics, publisher=publisher)
     if wake.is_set():
         compactor.stop()

@@ -68,7 +68,7 @@ def _call(run: Run, event: wire.Event) -> None:
 
 
 async def run_demo(settings: Settings, *, runs: int, companies: int, seed: int, out: Path | None = None) -> int:
-    from stepstream.ingest.app import ensure_topics
+    from stepstream.kafka.topics import ensure_topics
 
     await ensure_topics(settings)
     events = generate_events(seed, runs=runs, companies=companies)
@@ -77,7 +77,7 @@ async def run_demo(settings: Settings, *, runs: int, companies: int, seed: int, 
     started = time.perf_counter()
     try:
         # The queue holds the whole demo: it is emitted at once, not at an agent's pace.
-        async with Tracer(settings.broker, settings.topic, max_queue=len(events) + 1, flush_timeout=120, tee=tee) as tracer:
+        async with Tracer(settings.kafka, settings.topic, max_queue=len(events) + 1, flush_timeout=120, tee=tee) as tracer:
             replay_on(tracer, events)
         stats = tracer.stats()
     finally:

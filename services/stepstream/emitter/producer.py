@@ -11,20 +11,24 @@ from collections.abc import Iterable
 from aiokafka import AIOKafkaProducer
 
 from stepstream.core.wire import Event, encode_event, partition_key
+from stepstream.kafka.connection import KafkaConnection, as_connection, effective_protocol
 
 
 class Emitter:
-    """``async with Emitter(broker, topic) as em: await em.emit(event)``."""
+    """``async with Emitter(kafka, topic) as em: await em.emit(event)``; ``kafka`` is a
+    :class:`KafkaConnection` (a bare broker string means plaintext)."""
 
-    def __init__(self, broker: str, topic: str = "stepstream.events", *, linger_ms: int = 5) -> None:
+    def __init__(self, kafka: KafkaConnection | str, topic: str = "stepstream.events", *, linger_ms: int = 5) -> None:
         self.topic = topic
+        self.kafka = as_connection(kafka)
         self._producer = AIOKafkaProducer(
-            bootstrap_servers=broker,
+            **self.kafka.aiokafka_kwargs(),
             acks="all",
             enable_idempotence=True,
             linger_ms=linger_ms,
             max_batch_size=262144,
         )
+        self.kafka.check_protocol(effective_protocol(self._producer), "the producer")
 
     async def __aenter__(self) -> Emitter:
         await self._producer.start()

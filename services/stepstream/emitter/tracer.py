@@ -6,7 +6,12 @@
     from stepstream.emitter import Tracer
 
     tracer = Tracer("kafka://127.0.0.1:9092")          # or "127.0.0.1:9092"
-    # or, through the API (the token's company only): Tracer("https://api.example", token=...)
+    # On a secured cluster (or from STEPSTREAM_KAFKA_* when these are not passed):
+    # Tracer("b0:9093", security_protocol="SASL_SSL", sasl_mechanism="SCRAM-SHA-512",
+    #        sasl_username="agents", sasl_password_file="/run/secrets/kafka-password",
+    #        ssl_cafile="/etc/kafka/ca.pem")
+    # Or through the API (writes for the token's company only, no Kafka credentials):
+    # Tracer("https://api.example", token=ingest_token)
     with tracer.run("acme", agent_name="support-bot") as run:
         run.llm_request("c1", provider="anthropic", model="claude-sonnet-4", input=messages)
         run.thinking("the invoice total looks doubled")
@@ -16,6 +21,13 @@
 
 Contracts:
 
+- **Connection.** Brokers and security form one
+  :class:`~stepstream.kafka.connection.KafkaConnection`: pass one as ``broker``, or a
+  broker string and the security keywords (``security_protocol``, ``sasl_mechanism``,
+  ``sasl_username``, ``sasl_password`` or ``sasl_password_file``, ``ssl_cafile``,
+  ``ssl_certfile``, ``ssl_keyfile``, ``ssl_check_hostname``); what is not passed comes
+  from ``STEPSTREAM_BROKER`` and ``STEPSTREAM_KAFKA_*``, read once, in the constructor.
+  A bad setting raises :class:`~stepstream.errors.ConfigError` there.
 - **Envelope.** Every call builds one wire v1 event: a fresh ``event_id`` (UUID4), the
   run's next ``seq`` (from 0, one counter per run, assigned under the run's lock so
   calls from several threads or tasks still get strictly increasing numbers in the
@@ -63,8 +75,8 @@ from typing import Any
 
 import msgspec
 
-from stepstream.config import normalize_broker
 from stepstream.emitter.run import Run
+from stepstream.kafka.connection import KafkaConnection, effective_protocol
 
 __all__ = ["Tracer", "TracerStats"]
 
@@ -94,9 +106,18 @@ class Tracer:
 
     def __init__(
         self,
-        broker: str = "127.0.0.1:9092",
+        broker: str | KafkaConnection | None = None,
         topic: str = "stepstream.events",
         *,
+        security_protocol: str | None = None,
+        sasl_mechanism: str | None = None,
+        sasl_username: str | None = None,
+        sasl_password: str | None = None,
+        sasl_password_file: str | None = None,
+        ssl_cafile: str | None = None,
+        ssl_certfile: str | None = None,
+        ssl_keyfile: str | None = None,
+        ssl_check_hostname: bool | None = None,
         max_queue: int = 10_000,
         flush_timeout: float = 10.0,
         linger_ms: int = 5,
@@ -107,23 +128,43 @@ class Tracer:
         batch_events: int = 500,
         batch_bytes: int = 4_194_304,
     ) -> None:
-        """``broker``: ``host:port`` or ``kafka://host:port`` (several: comma-separated),
-        or the API's ``http(s)://host[:port]`` with ``token`` (an ``ingest`` token; the
-        API chooses the topic). ``batch_events`` / ``batch_bytes``: the most one HTTP
-        request carries. ``tee``: called with each accepted event's bytes, in queue
-        order (the demo writes them to a file)."""
+        """``broker``: a :class:`KafkaConnection`, or ``host:port`` / ``kafka://host:port``
+        (several: comma-separated; default ``STEPSTREAM_BROKER``, else 127.0.0.1:9092)
+        with the security keywords (module docstring); or the API's
+        ``http(s)://host[:port]`` with ``token`` (an ``ingest`` token; the API chooses
+        the topic, no Kafka setting applies). ``batch_events`` / ``batch_bytes``: the
+        most one HTTP request carries. ``tee``: called with each accepted event's
+        bytes, in queue order (the demo writes them to a file)."""
         if max_queue < 1 or batch_events < 1 or batch_bytes < 1:
             raise ValueError("max_queue, batch_events and batch_bytes must be at least 1")
+        security = {
+            "security_protocol": security_protocol, "sasl_mechanism": sasl_mechanism,
+            "sasl_username": sasl_username, "sasl_password": sasl_password,
+            "sasl_password_file": sasl_password_file, "ssl_cafile": ssl_cafile, "ssl_certfile": ssl_certfile,
+            "ssl_keyfile": ssl_keyfile, "ssl_check_hostname": ssl_check_hostname,
+        }  # fmt: skip
         self.endpoint: str | None = None
-        if broker.lower().startswith(("http://", "https://")):
-            if not token:
-                raise ValueError("a tracer over HTTP needs token= (an ingest token of the company)")
-            self.endpoint, self.bootstrap = broker.rstrip("/"), ""
-        else:
-            self.bootstrap = normalize_broker(broker)
         self._token = token
         self.batch_events = batch_events
         self.batch_bytes = batch_bytes
+        if isinstance(broker, str) and broker.lower().startswith(("http://", "https://")):
+            if not token:
+                raise ValueError("a tracer over HTTP needs token= (an ingest token of the company)")
+            if any(value is not None for value in security.values()):
+                raise ValueError("Kafka security settings do not apply to a tracer over HTTP")
+            self.endpoint = broker.rstrip("/")
+            self.kafka: KafkaConnection | None = None
+            self.bootstrap = ""
+            self._client_kwargs: dict[str, Any] = {}
+        else:
+            if isinstance(broker, KafkaConnection):
+                if any(value is not None for value in security.values()):
+                    raise ValueError("pass the security settings inside the KafkaConnection, not beside it")
+                self.kafka = broker
+            else:
+                self.kafka = KafkaConnection.from_env(None, security, brokers=broker)
+            self.bootstrap = self.kafka.brokers
+            self._client_kwargs = self.kafka.aiokafka_kwargs()  # a bad TLS file raises here, at the caller
         self.topic = topic
         self.max_queue = max_queue
         self.flush_timeout = flush_timeout
@@ -327,13 +368,15 @@ class Tracer:
                     if self._stopping:
                         return
                     candidate = AIOKafkaProducer(
-                        bootstrap_servers=self.bootstrap,
+                        **self._client_kwargs,
                         acks="all",
                         enable_idempotence=True,
                         linger_ms=self._linger_ms,
                         request_timeout_ms=self._request_timeout_ms,
                         client_id="stepstream-tracer",
                     )
+                    # Raises ConfigError, which stops the sender (logged; close counts the rest failed).
+                    self.kafka.check_protocol(effective_protocol(candidate), "the tracer's producer")
                     try:
                         await candidate.start()
                     except KafkaError as exc:

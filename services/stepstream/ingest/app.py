@@ -40,18 +40,20 @@ from pathlib import Path
 from typing import Any
 
 import faust
+from faust.transport.drivers.aiokafka import credentials_to_aiokafka_auth
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from stepstream.config import Settings, faust_broker, normalize_broker
+from stepstream.config import Settings
 from stepstream.core.fold import Limits
 from stepstream.core.wire import decode_event
 from stepstream.errors import WireError
 from stepstream.ingest.consumer import BatchConsumer, BatchTransport, Records
-from stepstream.ingest.dead_letters import DeadLetters, max_request_bytes
+from stepstream.ingest.dead_letters import DeadLetters
 from stepstream.ingest.lag import LagPoller
 from stepstream.ingest.routing import RouteCheck
 from stepstream.pipeline.ledger import Ledger
 from stepstream.ingest.stopping import StopDeadline, flush_logs, stopping_services, waiting_threads
+from stepstream.kafka.topics import ensure_topics, max_request_bytes
 from stepstream.metrics import Metrics
 from stepstream.pipeline import NotLoaded, Pipeline, StoreFailed
 from stepstream.sinks import open_deep_store, open_step_store
@@ -349,7 +351,8 @@ def create_app(settings: Settings, metrics: Metrics | None = None) -> faust.App:
     metrics = metrics or Metrics()
     app = StepstreamApp(
         settings.app_id,
-        broker=faust_broker(settings.broker),
+        broker=settings.kafka.faust_broker,
+        broker_credentials=settings.kafka.faust_credentials(),
         key_serializer="raw",
         value_serializer="raw",
         store="memory://",
@@ -374,11 +377,17 @@ def create_app(settings: Settings, metrics: Metrics | None = None) -> faust.App:
         # nothing in it (no tables), so it goes under the temp dir instead.
         datadir=str(Path(tempfile.gettempdir()) / f"stepstream-faust-{settings.app_id}"),
     )
+    # faust's SASLCredentials without an SSL context silently means SASL_PLAINTEXT: check
+    # what faust will hand aiokafka (its consumer and producer both use this) now.
+    settings.kafka.check_protocol(
+        credentials_to_aiokafka_auth(app.conf.broker_credentials, app.conf.ssl_context)["security_protocol"],
+        "the worker's faust consumer and producer",
+    )
     app.transport = BatchTransport(app.conf.broker_consumer, app)
     raw = app.topic(settings.topic, key_type=bytes, value_type=bytes, partitions=settings.partitions)
     dlq = app.topic(settings.dlq, key_type=bytes, value_type=bytes, partitions=settings.partitions)
     app.topics.add(raw)  # subscribed without an agent: records arrive through BatchConsumer
-    poller = LagPoller(normalize_broker(settings.broker), settings.app_id, settings.topic, metrics, settings.lag_poll_seconds)
+    poller = LagPoller(settings.kafka, settings.app_id, settings.topic, metrics, settings.lag_poll_seconds)
     worker = IngestWorker(settings, metrics, dlq, partitions_of=poller.partitions_of)
     app.stepstream = worker
     app.lag_poller = poller
@@ -452,41 +461,9 @@ def _still_stopping(app: faust.App) -> str:
     return ", ".join(what) or "nothing faust reports"
 
 
-async def ensure_topics(settings: Settings) -> None:
-    """Create the raw and dead-letter topics with the configured partition count and
-    replication factor (faust does not create source topics), the dead-letter topic
-    with ``max.message.bytes`` above its largest copy; an existing topic is left as it
-    is (a copy it refuses for its size is sent bounded: ingest/dead_letters.py)."""
-    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-    from aiokafka.errors import TopicAlreadyExistsError
-
-    admin = AIOKafkaAdminClient(bootstrap_servers=normalize_broker(settings.broker))
-    await admin.start()
-    try:
-        existing = set(await admin.list_topics())
-        configs = {settings.topic: {}, settings.dlq: {"max.message.bytes": str(max_request_bytes(settings.max_event_bytes))}}
-        wanted = [
-            NewTopic(
-                name,
-                num_partitions=settings.partitions,
-                replication_factor=settings.replication_factor,
-                topic_configs=configs[name],
-            )
-            for name in (settings.topic, settings.dlq)
-            if name not in existing
-        ]
-        if wanted:
-            try:
-                await admin.create_topics(wanted)
-            except TopicAlreadyExistsError:
-                pass
-    finally:
-        await admin.close()
-
-
 def run_worker(settings: Settings) -> int:
-    """Blocking: create topics, then run the faust worker until SIGTERM/SIGINT."""
-    asyncio.run(ensure_topics(settings))
+    """Blocking: create (or check) the topics, then run the faust worker until SIGTERM/SIGINT."""
+    asyncio.run(ensure_topics(settings, create=settings.create_topics))
     app = create_app(settings)
     worker = faust.Worker(app, loglevel=settings.log_level.upper(), quiet=True)
     worker.execute_from_commandline()

@@ -13,7 +13,7 @@ they fit, and says what it cut: ``stepstream-size`` (the value's size in bytes) 
 
 So no copy is larger than :func:`max_copy_bytes`, and the producer and the
 dead-letter topic are sized to :func:`max_request_bytes` (``ensure_topics`` sets
-``max.message.bytes`` when it creates the topic).
+``max.message.bytes`` when it creates the topic; both live in ``stepstream.kafka.topics``).
 
 =====================================  =====================================================
 sending a copy fails with              policy
@@ -44,16 +44,19 @@ from typing import Any
 from aiokafka.errors import MessageSizeTooLargeError, RecordListTooLargeError
 
 from stepstream.core.redact import scrub
+from stepstream.kafka.topics import (  # the copy's size bounds: the dead-letter topic is sized to them
+    HEADERS_BYTES,
+    KEY_BYTES,
+    OWN_HEADERS_BYTES,
+    max_copy_bytes,
+    max_request_bytes,
+)
 from stepstream.pipeline import StoreFailed
 
 log = logging.getLogger(__name__)
 
 DETAIL_CHARS = 500  # the stepstream-detail header, scrubbed (core.redact.scrub)
 HEAD_BYTES = 65_536  # of the value, in a bounded copy
-KEY_BYTES = 4_096
-HEADERS_BYTES = 65_536  # the original headers a copy keeps, counted by header_bytes()
-OWN_HEADERS_BYTES = 4_096  # stepstream-* headers: the detail is at most 500 chars (2,000 bytes)
-BATCH_OVERHEAD_BYTES = 4_096  # a record batch of one record, beyond its key, value and headers
 HEADER_OVERHEAD_BYTES = 10  # per header: its two length varints and attributes
 
 Headers = list[tuple[str, bytes]]
@@ -61,16 +64,6 @@ Headers = list[tuple[str, bytes]]
 
 class DeadLetterFailed(StoreFailed):
     """A dead-letter copy was not sent or not acknowledged: stop, let Kafka rewind."""
-
-
-def max_copy_bytes(max_event_bytes: int) -> int:
-    """The largest copy (key, value and headers) the worker produces."""
-    return max_event_bytes + KEY_BYTES + HEADERS_BYTES + OWN_HEADERS_BYTES
-
-
-def max_request_bytes(max_event_bytes: int) -> int:
-    """The producer's ``max_request_size`` and the dead-letter topic's ``max.message.bytes``."""
-    return max_copy_bytes(max_event_bytes) + BATCH_OVERHEAD_BYTES
 
 
 def header_bytes(headers: Any) -> int:

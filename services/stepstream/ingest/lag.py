@@ -14,6 +14,7 @@ import logging
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
+from stepstream.kafka.connection import KafkaConnection, effective_protocol
 from stepstream.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -25,8 +26,8 @@ class LagPoller:
     before): the misrouted-record check reads it (``ingest.routing``), since faust's
     ``topic_partitions`` knows the count only on the group's leader."""
 
-    def __init__(self, bootstrap: str, group_id: str, topic: str, metrics: Metrics, interval: float = 2.0) -> None:
-        self._bootstrap = bootstrap
+    def __init__(self, kafka: KafkaConnection, group_id: str, topic: str, metrics: Metrics, interval: float = 2.0) -> None:
+        self._kafka = kafka
         self._group = group_id
         self._topic = topic
         self._metrics = metrics
@@ -40,10 +41,12 @@ class LagPoller:
         if self._consumer is not None:
             return
         if self._admin is None:
-            admin = AIOKafkaAdminClient(bootstrap_servers=self._bootstrap)
+            admin = AIOKafkaAdminClient(**self._kafka.aiokafka_kwargs(), client_id="stepstream-lag")
+            self._kafka.check_protocol(effective_protocol(admin), "the lag poller's admin client")
             await admin.start()
             self._admin = admin
-        consumer = AIOKafkaConsumer(bootstrap_servers=self._bootstrap, enable_auto_commit=False)
+        consumer = AIOKafkaConsumer(**self._kafka.aiokafka_kwargs(), enable_auto_commit=False, client_id="stepstream-lag")
+        self._kafka.check_protocol(effective_protocol(consumer), "the lag poller's consumer")
         await consumer.start()
         self._consumer = consumer
 
