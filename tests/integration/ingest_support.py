@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+import uuid
 from collections.abc import Coroutine
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -19,6 +20,7 @@ from typing import Any, TypeVar
 import httpx
 import msgspec
 from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from stepstream.api.app import ApiApp, create_app
 from stepstream.api.ingest import Ingest, IngestLimits
@@ -172,6 +174,23 @@ class TopicTail:
     async def stop(self) -> None:
         if self.consumer is not None:
             await self.consumer.stop()
+
+
+async def create_topic(broker: str, partitions: int = 3) -> str:
+    name = f"stepstream.test.ingest.{uuid.uuid4().hex[:12]}"
+    admin = AIOKafkaAdminClient(bootstrap_servers=broker)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(name, num_partitions=partitions, replication_factor=1)])
+        for _ in range(100):
+            (described,) = await admin.describe_topics([name])
+            if described["error_code"] == 0 and all(p["leader"] >= 0 for p in described["partitions"]) \
+                    and len(described["partitions"]) == partitions:  # fmt: skip
+                break
+            await asyncio.sleep(0.05)
+    finally:
+        await admin.close()
+    return name
 
 
 def free_port() -> int:

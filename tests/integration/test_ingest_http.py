@@ -6,43 +6,23 @@ request that was refused and produced anyway."""
 
 from __future__ import annotations
 
-import asyncio
 import itertools
-import uuid
 from pathlib import Path
 from typing import Any
 
 import msgspec
 import pytest
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from stepstream.api.ingest import IngestLimits
 from stepstream.api.tokens import add_token, revoke_token
 from stepstream.core.wire import DECODE_REASONS
-from ingest_support import NDJSON, IngestApp, HostLoop, TopicTail, event, ndjson, run_events
+from ingest_support import NDJSON, HostLoop, IngestApp, TopicTail, create_topic, event, ndjson, run_events
 
 pytestmark = pytest.mark.integration
 
 A, B = "acme", "globex"
-
-
-async def _create_topic(broker: str, partitions: int = 3) -> str:
-    name = f"stepstream.test.ingest.{uuid.uuid4().hex[:12]}"
-    admin = AIOKafkaAdminClient(bootstrap_servers=broker)
-    await admin.start()
-    try:
-        await admin.create_topics([NewTopic(name, num_partitions=partitions, replication_factor=1)])
-        for _ in range(100):
-            (described,) = await admin.describe_topics([name])
-            if described["error_code"] == 0 and all(p["leader"] >= 0 for p in described["partitions"]) \
-                    and len(described["partitions"]) == partitions:  # fmt: skip
-                break
-            await asyncio.sleep(0.05)
-    finally:
-        await admin.close()
-    return name
 
 
 class Tokens:
@@ -65,7 +45,7 @@ class Tokens:
 @pytest.fixture(scope="module")
 def env(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory):
     loop = HostLoop()
-    topic = loop.run(_create_topic(kafka_bootstrap))
+    topic = loop.run(create_topic(kafka_bootstrap))
     tokens = Tokens(tmp_path_factory.mktemp("ingest") / "tokens.json")
     app = IngestApp(loop, kafka_bootstrap, topic, tokens.path).start()
     tail = loop.run(TopicTail(kafka_bootstrap, topic).start())
