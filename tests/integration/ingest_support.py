@@ -205,18 +205,23 @@ class ApiProcess:
     """``stepstream api --ingest`` as a real process on a free port."""
 
     def __init__(self, broker: str, topic: str, tokens: Path, tmp: Path, **env: str) -> None:
-        self.port = free_port()
+        self.port = int(env.get("STEPSTREAM_API_PORT") or free_port())
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = tmp / f"api-{self.port}.log"
         environ = {k: v for k, v in os.environ.items() if not k.startswith("STEPSTREAM_")}
         environ.update(
             STEPSTREAM_BROKER=broker, STEPSTREAM_TOPIC=topic, STEPSTREAM_TOKENS_FILE=str(tokens),
-            STEPSTREAM_STEPS_SINK=f"sqlite:///{tmp / f'api-{self.port}.db'}", STEPSTREAM_API_PORT=str(self.port),
-            STEPSTREAM_API_INGEST="true", STEPSTREAM_INGEST_RATE_EVENTS="0", **env,
+            STEPSTREAM_STEPS_SINK=f"sqlite:///{tmp / 'api.db'}", STEPSTREAM_API_PORT=str(self.port),
+            STEPSTREAM_API_INGEST="true", STEPSTREAM_INGEST_RATE_EVENTS="0",
         )  # fmt: skip
+        environ.update(env)
         self._log = self.log_path.open("ab")
         self.proc = subprocess.Popen([sys.executable, "-m", "stepstream.cli", "api"], env=environ,
                                      stdout=self._log, stderr=subprocess.STDOUT)  # fmt: skip
+
+    def metrics(self) -> str:
+        with urllib.request.urlopen(f"{self.url}/metrics", timeout=5) as resp:
+            return resp.read().decode()
 
     def wait_connected(self, timeout: float = 60.0) -> ApiProcess:
         deadline = time.monotonic() + timeout
@@ -224,15 +229,16 @@ class ApiProcess:
             if self.proc.poll() is not None:
                 raise AssertionError(f"the API exited with {self.proc.returncode}:\n{self.tail()}")
             try:
-                with urllib.request.urlopen(f"{self.url}/metrics", timeout=2) as resp:
-                    if "stepstream_ingest_connected 1.0" in resp.read().decode():
-                        return self
+                if "stepstream_ingest_connected 1.0" in self.metrics():
+                    return self
             except OSError:
                 pass
             time.sleep(0.1)
         raise AssertionError(f"the API's ingest producer never connected:\n{self.tail()}")
 
     def stop(self) -> int:
+        if self._log.closed:
+            return self.proc.returncode
         if self.proc.poll() is None:
             self.proc.terminate()
             try:
