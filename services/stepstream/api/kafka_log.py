@@ -37,6 +37,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from stepstream.api.event_log import LogUnavailable, Record
+from stepstream.ingest.routing import CACHED_KEYS, default_partition
 from stepstream.kafka.connection import KafkaConnection, effective_protocol
 from stepstream.metrics import IngestMetrics
 
@@ -74,6 +75,8 @@ class KafkaEventLog:
         self._producer: Any = None
         self._inflight = 0
         self._connector: asyncio.Task[None] | None = None
+        self._partitions = 0
+        self._partition_of: dict[bytes, int] = {}  # run key -> partition, for self._partitions
         self._closing = False
 
     @property
@@ -147,8 +150,19 @@ class KafkaEventLog:
         self._inflight -= size
         self._metrics.inflight_bytes.set(self._inflight)
 
+    def _partitions_for(self, partitions: int) -> dict[bytes, int]:
+        if partitions != self._partitions:
+            self._partitions, self._partition_of = partitions, {}
+        elif len(self._partition_of) >= CACHED_KEYS:
+            self._partition_of = {}
+        return self._partition_of
+
     async def append(self, records: Sequence[Record]) -> None:
-        from aiokafka.errors import KafkaError
+        """Send ``records`` in order and return once each is acknowledged (module
+        docstring). Each key's partition is Kafka's default partitioner's
+        (:func:`~stepstream.ingest.routing.default_partition`), computed once per run
+        key rather than per record."""
+        from aiokafka.errors import KafkaError, KafkaTimeoutError
 
         producer = self._producer
         if producer is None:
@@ -160,27 +174,26 @@ class KafkaEventLog:
         self._inflight += total
         self._metrics.inflight_bytes.set(self._inflight)
         started = self._clock()
-        deadline = started + self._timeout
         deliveries: list[asyncio.Future[Any]] = []
         unsent = total
         try:
-            for (key, value), size in zip(records, sizes, strict=True):
-                left = deadline - self._clock()
-                if left <= 0:
-                    raise TimeoutError
-                delivery = await asyncio.wait_for(producer.send(self.topic, value, key=key), left)
-                unsent -= size
-                delivery.add_done_callback(_settled(self, size))
-                deliveries.append(delivery)
-            if deliveries:
-                done, pending = await asyncio.wait(deliveries, timeout=max(0.0, deadline - self._clock()))
-                if pending:
-                    raise TimeoutError
-                for delivery in done:
-                    exc = delivery.exception()
-                    if exc is not None:
-                        raise exc
-        except TimeoutError:
+            async with asyncio.timeout(self._timeout):
+                partitions = len(await producer.partitions_for(self.topic))
+                partition_of = self._partitions_for(partitions)
+                for (key, value), size in zip(records, sizes, strict=True):
+                    partition = partition_of.get(key)
+                    if partition is None:
+                        partition = partition_of[key] = default_partition(key, partitions)
+                    delivery = await producer.send(self.topic, value, key=key, partition=partition)
+                    unsent -= size
+                    delivery.add_done_callback(_settled(self, size))
+                    deliveries.append(delivery)
+                await asyncio.wait(deliveries)  # cancelled at the deadline; the deliveries are not
+            for delivery in deliveries:
+                exc = delivery.exception()
+                if exc is not None:
+                    raise exc
+        except (TimeoutError, KafkaTimeoutError):
             self._metrics.produce_failures.labels("timeout").inc()
             raise LogUnavailable(
                 f"Kafka did not acknowledge every event within {self._timeout:g}s", cause="timeout", retry_after=2

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from pathlib import Path
 
@@ -87,5 +86,10 @@ async def serve(settings: Settings) -> None:
 
 
 def run_api(settings: Settings) -> int:
-    asyncio.run(serve(settings))
+    """Serve on uvloop (uvicorn's own choice when it is installed, as it is: a pinned
+    dependency), whose event loop costs a fraction of asyncio's per request and per
+    produced batch."""
+    import uvloop
+
+    uvloop.run(serve(settings))
     return 0
