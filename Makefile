@@ -48,7 +48,7 @@ run: venv ## Start the broker, worker, API and a demo agent locally (on SQLite)
 	@deploy/run.sh
 
 bench: venv ## Every benchmark (python -m benchmarks) against a throwaway broker and FerretDB; BENCH_ARGS=--quick for a smoke run
-	deploy/with-servers.sh -- $(VENV)/bin/python -m benchmarks $(BENCH_ARGS)
+	deploy/with-servers.sh --secure -- $(VENV)/bin/python -m benchmarks $(BENCH_ARGS)
 
 schemas: venv ## Regenerate schemas/*.schema.json from the msgspec Structs
 	$(VENV)/bin/python -m stepstream.schemagen schemas

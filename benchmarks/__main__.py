@@ -1,6 +1,6 @@
 """``make bench``: every benchmark, each printing ratios measured side by side in one run.
 
-    python -m benchmarks [--broker HOST:PORT] [--mongo URL] [--quick]
+    python -m benchmarks [--broker HOST:PORT] [--mongo URL] [--secure DIR] [--quick]
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks")
     parser.add_argument("--broker", default=os.environ.get("STEPSTREAM_TEST_BROKER"))
     parser.add_argument("--mongo", default=os.environ.get("STEPSTREAM_TEST_MONGO_URL"))
+    parser.add_argument("--secure", default=os.environ.get("STEPSTREAM_TEST_SECURE_KAFKA"),
+                        help="folder of the locked-down broker (kafka.sh up --secure)")  # fmt: skip
     parser.add_argument("--quick", action="store_true", help="smaller corpora, for a smoke run")
     args = parser.parse_args()
 
@@ -46,11 +48,22 @@ def main() -> int:
         memory_ok = True
         print("\n(worker and memory benchmarks skipped: no --broker / STEPSTREAM_TEST_BROKER; `make bench` starts one)",
               file=sys.stderr)  # fmt: skip
+    security_ok = True
+    if args.secure:
+        print("\n== Kafka security (the worker over SASL_SSL vs plaintext, same broker and topic) ==", flush=True)
+        from benchmarks import bench_kafka_security
+
+        security_ok = bench_kafka_security.main(["--secure", args.secure, *(["--quick"] if args.quick else [])]) == 0
+    else:
+        print("\n(Kafka security benchmark skipped: no --secure / STEPSTREAM_TEST_SECURE_KAFKA; `make bench` starts one)",
+              file=sys.stderr)  # fmt: skip
+    if not security_ok:
+        print("the Kafka security benchmark gave no ratio (see above)", file=sys.stderr)
     if not redact_ok:
         print("redaction near-match budget exceeded (see redact.near_match above)", file=sys.stderr)
     if not memory_ok:
         print("worker memory bound exceeded (see memory above)", file=sys.stderr)
-    return 0 if redact_ok and memory_ok else 1
+    return 0 if redact_ok and memory_ok and security_ok else 1
 
 
 if __name__ == "__main__":

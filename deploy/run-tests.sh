@@ -11,4 +11,4 @@ deploy/require.sh test
 deploy/tools/tools.sh build
 # -rsx names every skip and xfail; --durations lists the slowest tests, which shows the
 # integration tests against the real servers ran (and what they cost).
-exec deploy/with-servers.sh -- .venv/bin/pytest -q -rsx --durations=20 -m "not soak" "$@"
+exec deploy/with-servers.sh --secure -- .venv/bin/pytest -q -rsx --durations=20 -m "not soak" "$@"

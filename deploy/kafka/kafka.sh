@@ -3,13 +3,20 @@
 #
 #   kafka.sh fetch                         jars into the cache (skipped when cached)
 #   kafka.sh up   [--port P] [--data DIR]  start in the background, wait until ready,
-#                                          print the bootstrap address (127.0.0.1:P)
+#                 [--secure]               print the bootstrap address (127.0.0.1:P)
 #   kafka.sh down [--data DIR] [--kill]    stop the broker of DIR and wait for it
 #   kafka.sh status [--data DIR]           print the address if running, else exit 1
 #
 # --port 0 picks a free port. DIR defaults to <repo>/.run/kafka; a fresh DIR is
 # formatted with a random cluster id, an existing one keeps its data and id.
 # Only the bootstrap address goes to stdout; progress and errors go to stderr.
+#
+# --secure (on a fresh DIR): P is a SASL_SSL listener (SCRAM-SHA-512), beside an SSL
+# listener that requires client certificates (mTLS) and an unauthenticated PLAINTEXT
+# one (a super user: probe, ACL tool, benchmark); StandardAuthorizer, no access without
+# an ACL. A CA, a broker certificate (SAN IP:127.0.0.1 only) and client certificates,
+# and the SCRAM users' passwords, are made fresh in DIR/secure (mode 700): see
+# DIR/secure/README. Users: admin (super user), worker, compactor, agents, api.
 #
 # Environment: STEPSTREAM_CACHE (default ~/.cache/stepstream), KAFKA_READY_TIMEOUT
 # (seconds, default 90), KAFKA_HEAP_OPTS (default -Xms256m -Xmx512m). Maven's own
@@ -93,6 +100,7 @@ parse_args() {
     port=9092
     data="$repo/.run/kafka"
     hard_kill=0
+    secure=0
     while (($#)); do
         case "$1" in
             --port) port="${2:?--port needs a value}"; shift 2 ;;
@@ -100,6 +108,7 @@ parse_args() {
             --data) data="${2:?--data needs a value}"; shift 2 ;;
             --data=*) data="${1#*=}"; shift ;;
             --kill) hard_kill=1; shift ;;
+            --secure) secure=1; shift ;;
             *) die "unknown argument: $1" ;;
         esac
     done
@@ -107,6 +116,58 @@ parse_args() {
     data="$(realpath -m -- "$data")"
     pid_file="$data/kafka.pid"
     addr_file="$data/bootstrap"
+    secure_dir="$data/secure"
+}
+
+scram_users=(admin worker compactor agents api)
+
+# A CA, a broker certificate and key (PKCS12 for the broker), client certificates (PEM,
+# CN = the principal) for mTLS, and a random password per SCRAM user and keystore: all in
+# DIR/secure, made once per data dir, never anywhere else.
+make_secrets() {
+    command -v openssl >/dev/null || die "openssl not found: --secure makes its certificates with it"
+    local d="$secure_dir" user
+    rm -rf "$d"
+    mkdir -p "$d"
+    chmod 700 "$d"
+    (
+        set -e
+        umask 077
+        cd "$d"
+        openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.pem -days 2 \
+            -subj "/CN=stepstream test CA $(date +%s)" 2>/dev/null
+        openssl req -newkey rsa:2048 -nodes -keyout broker.key -out broker.csr -subj "/CN=stepstream-test-broker" 2>/dev/null
+        printf 'subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\n' >broker.ext
+        openssl x509 -req -in broker.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 \
+            -extfile broker.ext -out broker.pem 2>/dev/null
+        openssl rand -hex 24 >keystore.password
+        openssl pkcs12 -export -in broker.pem -inkey broker.key -certfile ca.pem -name broker \
+            -passout "file:keystore.password" -out broker.p12
+        for user in worker agents; do
+            openssl req -newkey rsa:2048 -nodes -keyout "client-$user.key" -out "client-$user.csr" -subj "/CN=$user" 2>/dev/null
+            printf 'extendedKeyUsage=clientAuth\n' >client.ext
+            openssl x509 -req -in "client-$user.csr" -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 \
+                -extfile client.ext -out "client-$user.pem" 2>/dev/null
+        done
+        for user in "${scram_users[@]}"; do
+            openssl rand -hex 24 >"$user.password"
+        done
+        rm -f ./*.csr ./*.ext ca.srl
+    ) || die "making the test certificates and passwords in $d failed"
+    cat >"$d/README" <<TXT
+Made by kafka.sh up --secure for this data dir only; never commit any of it.
+ca.pem                    the CA every listener's certificate chains to (clients' ssl_cafile)
+client-<user>.pem/.key    client certificates for the SSL (mTLS) listener; CN=<user> is User:<user>
+<user>.password           SCRAM-SHA-512 password of <user> (${scram_users[*]}); admin is a super user
+listeners                 SASL_SSL, SSL and PLAINTEXT addresses (KEY=host:port)
+TXT
+}
+
+scram_flags() {  # the storage tool's --add-scram flags, one per user
+    local user
+    for user in "${scram_users[@]}"; do
+        printf -- '--add-scram\nSCRAM-SHA-512=[name=%s,password=%s]\n' "$user" "$(cat "$secure_dir/$user.password")"
+    done
 }
 
 prepare_data() {
@@ -180,7 +241,7 @@ fail_start() {
 # starts when the port accepts, so its JVM does not compete with the broker's startup.
 wait_ready() {
     local pid="$1" deadline=$((SECONDS + ready_timeout)) probe rc
-    while ! (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; do
+    while ! (exec 3<>"/dev/tcp/127.0.0.1/$probe_port") 2>/dev/null; do
         alive "$pid" || fail_start "the broker exited during startup"
         ((SECONDS < deadline)) || fail_start "the broker was not listening after ${ready_timeout}s"
         sleep 0.1
@@ -188,7 +249,7 @@ wait_ready() {
     printf 'default.api.timeout.ms=%s\nrequest.timeout.ms=3000\nretry.backoff.ms=100\nretry.backoff.max.ms=500\nreconnect.backoff.max.ms=500\n' \
         "$((ready_timeout * 1000))" >"$data/probe.properties"
     while :; do
-        java_tool org.apache.kafka.tools.TopicCommand --bootstrap-server "127.0.0.1:$port" \
+        java_tool org.apache.kafka.tools.TopicCommand --bootstrap-server "127.0.0.1:$probe_port" \
             --command-config "$data/probe.properties" --list >/dev/null 2>>"$data/logs/probe.log" &
         probe=$!
         while alive "$probe"; do
@@ -236,11 +297,34 @@ up() {
     mkdir -p "$data/logs" "$data/kraft"
     sed -e "s#@PORT@#$port#g" -e "s#@CONTROLLER_PORT@#$controller_port#g" -e "s#@DATA@#$data#g" \
         "$here/server.properties.in" >"$data/server.properties"
+    probe_port="$port"
+    local format_extra=()
+    if ((secure)); then
+        local ssl_port plain_port fresh=0
+        [[ -f "$data/kraft/meta.properties" ]] || fresh=1
+        ((fresh)) || [[ -f "$secure_dir/ca.pem" ]] || die "--secure on $data, which was formatted without it: use a fresh --data"
+        ((fresh)) && make_secrets
+        ssl_port="$(free_port)"
+        plain_port="$(free_port)"
+        while ((ssl_port == port || ssl_port == controller_port)); do ssl_port="$(free_port)"; done
+        while ((plain_port == port || plain_port == controller_port || plain_port == ssl_port)); do plain_port="$(free_port)"; done
+        sed -e "s#@PORT@#$port#g" -e "s#@SSL_PORT@#$ssl_port#g" -e "s#@PLAIN_PORT@#$plain_port#g" \
+            -e "s#@CONTROLLER_PORT@#$controller_port#g" -e "s#@SECURE@#$secure_dir#g" \
+            -e "s#@KEYSTORE_PASSWORD@#$(cat "$secure_dir/keystore.password")#g" \
+            "$here/server-secure.properties.in" >>"$data/server.properties"
+        chmod 600 "$data/server.properties"
+        printf 'SASL_SSL=127.0.0.1:%s\nSSL=127.0.0.1:%s\nPLAINTEXT=127.0.0.1:%s\n' "$port" "$ssl_port" "$plain_port" \
+            >"$secure_dir/listeners"
+        probe_port="$plain_port"
+        ((fresh)) && mapfile -t format_extra < <(scram_flags)
+    fi
 
     local started=$SECONDS id
     id="$(cluster_id)"
+    # The SCRAM passwords reach the storage tool in its argv (it has no other way) for the
+    # moment it runs; they are made for this data dir only.
     java_tool kafka.tools.StorageTool format --cluster-id "$id" \
-        --config "$data/server.properties" --ignore-formatted >>"$data/logs/format.log" 2>&1 \
+        --config "$data/server.properties" --ignore-formatted "${format_extra[@]}" >>"$data/logs/format.log" 2>&1 \
         || { log "---- $data/logs/format.log ----"; tail -n 40 "$data/logs/format.log" >&2; die "formatting $data/kraft failed"; }
 
     # setsid: the broker outlives this script and ignores the terminal's Ctrl-C.
@@ -258,6 +342,7 @@ up() {
     echo "127.0.0.1:$port" >"$addr_file"
 
     wait_ready "$pid"
+    ((secure)) && log "secure listeners and credentials: $secure_dir (see its README)"
     log "Kafka $kafka_version ready on 127.0.0.1:$port in $((SECONDS - started))s (pid $pid, data $data)"
     echo "127.0.0.1:$port"
 }
@@ -303,5 +388,5 @@ case "$cmd" in
     up) up "$@" ;;
     down) down "$@" ;;
     status) status "$@" ;;
-    *) sed -n '2,16s/^# \{0,1\}//p' "${BASH_SOURCE[0]}" >&2; exit 2 ;;
+    *) sed -n '2,23s/^# \{0,1\}//p' "${BASH_SOURCE[0]}" >&2; exit 2 ;;
 esac

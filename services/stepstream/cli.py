@@ -88,6 +88,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("demo", help="emit realistic agent runs to the raw topic")
     _common(p)
+    p.add_argument("--no-create-topics", dest="create_topics", action="store_false", default=None,
+                   help="do not create the topics (an agent principal may only write the raw topic)")  # fmt: skip
     p.add_argument("--runs", type=int, default=40, help="number of runs [40]")
     p.add_argument("--companies", type=int, default=4, help="number of companies [4]")
     p.add_argument("--seed", type=int, default=7, help="corpus seed [7]")
@@ -197,6 +199,9 @@ def _run_import(settings: Settings, args: argparse.Namespace) -> int:
         from stepstream.emitter.producer import Emitter
 
         async def publish() -> int:
+            from stepstream.kafka.preflight import preflight
+
+            await preflight(settings.kafka, topics=(settings.topic,))
             async with Emitter(settings.kafka, settings.topic) as emitter:
                 return await emitter.emit_many(events)
 
@@ -337,8 +342,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         settings = _settings(args)
         logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        from stepstream.logscrub import add_secrets
         from stepstream.logscrub import install as scrub_logs
 
+        add_secrets(settings.kafka.secrets())  # the Kafka password, wherever it would appear
         scrub_logs()  # no credential in any log line (core.redact.scrub)
         if args.command == "worker":
             from stepstream.ingest.app import run_worker
@@ -408,6 +415,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:
+        if not type(exc).__module__.startswith("aiokafka"):
+            raise
+        # A Kafka error a command did not handle (a refused send, say): one line, not a traceback.
+        from stepstream.logscrub import scrub_text
+
+        print(f"stepstream: Kafka: {type(exc).__name__}: {scrub_text(str(exc), 500)}", file=sys.stderr)
+        return 2
     return 2
 
 

@@ -9,6 +9,7 @@
     ├── SinkError            a store failed
     │   └── SinkUnavailable  transient (connection refused, locked database); retriable
     ├── BundleError          an .sftrace bundle that cannot be read or verified
+    ├── KafkaRefused         the brokers refused the connection or an ACL; fix the credentials
     └── AuthError            missing, unknown or insufficient token (API)
 """
 
@@ -43,6 +44,12 @@ class SinkUnavailable(SinkError):
     """A store is temporarily unreachable; the caller may retry the same batch."""
 
     retriable = True
+
+
+class KafkaRefused(StepstreamError):
+    """The brokers refused the configured connection (authentication, TLS trust, a
+    missing ACL). The message is one line naming brokers, protocol, mechanism,
+    principal and what was refused; never a password."""
 
 
 class BundleError(StepstreamError):

@@ -29,7 +29,11 @@ RULES = DEPLOY / "prometheus" / "rules" / "stepstream.yml"
 RULE_TESTS = DEPLOY / "prometheus" / "tests" / "stepstream.test.yml"
 DASHBOARD = DEPLOY / "grafana" / "dashboards" / "stepstream.json"
 KEDA_SCHEMA = DEPLOY / "k8s" / "schemas" / "keda-scaledobject-v1alpha1.json"
-OVERLAYS = {"base": DEPLOY / "k8s" / "base", "example": DEPLOY / "k8s" / "overlays" / "example"}
+OVERLAYS = {
+    "base": DEPLOY / "k8s" / "base",
+    "example": DEPLOY / "k8s" / "overlays" / "example",
+    "secure": DEPLOY / "k8s" / "overlays" / "secure",
+}
 COMMANDS = {"worker", "compactor", "api", "demo"}  # subcommands the manifests may run
 KUBERNETES_VERSION = "1.33.0"
 
@@ -175,9 +179,38 @@ def one(docs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
     return found[0]
 
 
+# KEDA's TriggerAuthentication (no schema is kept here): the shape the secure overlay uses.
+TRIGGER_AUTHENTICATION = {
+    "type": "object",
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "properties": {
+        "apiVersion": {"const": "keda.sh/v1alpha1"},
+        "spec": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["secretTargetRef"],
+            "properties": {
+                "secretTargetRef": {
+                    "type": "array",
+                    "minItems": 1,
+                    "items": {
+                        "type": "object",
+                        "additionalProperties": False,
+                        "required": ["parameter", "name", "key"],
+                        "properties": {"parameter": {"type": "string"}, "name": {"type": "string"}, "key": {"type": "string"}},
+                    },
+                }
+            },
+        },
+    },
+}
+
+
 def validate(doc: dict[str, Any]) -> None:
     if doc["kind"] == "ScaledObject":
         jsonschema.Draft202012Validator(json.loads(KEDA_SCHEMA.read_text())).validate(doc)
+    elif doc["kind"] == "TriggerAuthentication":
+        jsonschema.Draft202012Validator(TRIGGER_AUTHENTICATION).validate(doc)
     else:
         kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
 
@@ -228,6 +261,34 @@ def test_manifests_agree_with_the_settings(overlay: str) -> None:
             port = str(c["ports"][0]["containerPort"])
             assert pod["metadata"]["annotations"]["prometheus.io/port"] == port
         assert pod["metadata"]["labels"]["app.kubernetes.io/part-of"] == "stepstream"
+
+
+def test_the_secure_overlay_mounts_each_components_credentials_from_secrets() -> None:
+    docs = rendered("secure")
+    settings = one(docs, "ConfigMap", "stepstream-settings")["data"]
+    assert settings["STEPSTREAM_KAFKA_SECURITY_PROTOCOL"] == "SASL_SSL"
+    assert settings["STEPSTREAM_KAFKA_SASL_MECHANISM"] == "SCRAM-SHA-512"
+    assert settings["STEPSTREAM_CREATE_TOPICS"] == "false"
+    assert not any("PASSWORD" in key and not key.endswith("_FILE") for key in settings)
+    secrets_of = {}
+    for name, user in (("stepstream-worker", "worker"), ("stepstream-compactor", "compactor")):
+        pod = one(docs, "Deployment", name)["spec"]["template"]["spec"]
+        env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
+        assert env["STEPSTREAM_KAFKA_SASL_USERNAME"] == user
+        assert "STEPSTREAM_KAFKA_SASL_PASSWORD" not in env
+        mounts = {m["mountPath"]: m for m in pod["containers"][0]["volumeMounts"]}
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        for path in (env["STEPSTREAM_KAFKA_SASL_PASSWORD_FILE"], settings["STEPSTREAM_KAFKA_SSL_CAFILE"]):
+            mount = mounts[path]
+            assert mount["readOnly"] is True and "secret" in volumes[mount["name"]]
+        secrets_of[name] = volumes[mounts[env["STEPSTREAM_KAFKA_SASL_PASSWORD_FILE"]]["name"]]["secret"]["secretName"]
+    assert len(set(secrets_of.values())) == 2  # a principal, and a password, per component
+    api = one(docs, "Deployment", "stepstream-api")["spec"]["template"]["spec"]["containers"][0]
+    assert not any(e["name"].startswith("STEPSTREAM_KAFKA_SASL") for e in api.get("env", []))
+    trigger = one(docs, "ScaledObject", "stepstream-worker")["spec"]["triggers"][0]
+    auth = one(docs, "TriggerAuthentication", trigger["authenticationRef"]["name"])
+    assert {ref["parameter"] for ref in auth["spec"]["secretTargetRef"]} == {"sasl", "username", "password", "tls", "ca"}
+    assert not any(d["kind"] == "Secret" and "password" in json.dumps(d).lower() for d in docs)
 
 
 def test_the_validators_refuse_broken_manifests() -> None:

@@ -2,7 +2,8 @@
 
 `deploy/run-tests.sh` starts a Kafka broker and FerretDB on free ports and exports
 ``STEPSTREAM_TEST_BROKER`` (``127.0.0.1:P``) and ``STEPSTREAM_TEST_MONGO_URL``
-(``mongodb://127.0.0.1:P/``). Without them these tests fail rather than skip: a
+(``mongodb://127.0.0.1:P/``), and a locked-down broker whose folder of listeners and
+credentials is ``STEPSTREAM_TEST_SECURE_KAFKA``. Without them these tests fail rather than skip: a
 silently skipped integration suite looks exactly like a passing one.
 """
 
@@ -34,6 +35,19 @@ def _server_from_env(name: str, what: str) -> str:
 def kafka_bootstrap() -> str:
     """Bootstrap address of the real Kafka broker, ``127.0.0.1:P``."""
     return _server_from_env("STEPSTREAM_TEST_BROKER", "a real Kafka broker")
+
+
+@pytest.fixture(scope="session")
+def secure_kafka():
+    """The locked-down broker (SASL_SSL SCRAM-SHA-512, mTLS, ACLs): secure_kafka.SecureKafka."""
+    from pathlib import Path
+
+    from secure_kafka import SecureKafka
+
+    folder = _server_from_env(
+        "STEPSTREAM_TEST_SECURE_KAFKA", "the locked-down Kafka broker (deploy/with-servers.sh --secure)"
+    )
+    return SecureKafka(Path(folder))
 
 
 @pytest.fixture(scope="session")

@@ -88,6 +88,10 @@ async def run_compactor(settings: Settings, *, once: bool = False, metrics: Metr
     """The service (module docstring); returns the exit status."""
     metrics = metrics or Metrics()
     policy = policy_from(settings)
+    # Its run_close events go to the raw topic: a refused connection or ACL is one line now.
+    from stepstream.kafka.preflight import preflight
+
+    await preflight(settings.kafka, topics=(settings.topic,))
     loop = asyncio.get_running_loop()
     wake = asyncio.Event()
     compactor: Compactor | None = None

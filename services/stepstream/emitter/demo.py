@@ -68,9 +68,12 @@ def _call(run: Run, event: wire.Event) -> None:
 
 
 async def run_demo(settings: Settings, *, runs: int, companies: int, seed: int, out: Path | None = None) -> int:
+    from stepstream.kafka.preflight import preflight
     from stepstream.kafka.topics import ensure_topics
 
-    await ensure_topics(settings)
+    await preflight(settings.kafka, topics=(settings.topic,))
+    if settings.create_topics:  # an agent principal may only WRITE the raw topic: --no-create-topics
+        await ensure_topics(settings)
     events = generate_events(seed, runs=runs, companies=companies)
     sink: IO[bytes] | None = out.open("wb") if out is not None else None
     tee = (lambda value: sink.write(value + b"\n")) if sink is not None else None

@@ -47,7 +47,11 @@ Contracts:
   a call on an ended run raises at the call (a bug in the caller, reported where it
   is). A delivery the broker refuses or that times out is counted in
   :attr:`Tracer.failed` and logged (at most every few seconds), never raised into
-  the agent. A broker unreachable at start is retried with backoff until close.
+  the agent. A broker unreachable at start is retried with backoff until close. A
+  broker that refuses the connection (authentication, an untrusted certificate, a TLS
+  handshake) makes every event queued at that moment failed, with one line naming the
+  brokers, mechanism, user and the refusal; it is retried with backoff. A missing ACL
+  on the topic fails each delivery (counted in :attr:`Tracer.failed`).
 - **Flush.** :meth:`Tracer.flush` waits until every queued event is acknowledged or
   failed; :meth:`Tracer.close` (also on leaving ``with``/``async with`` a tracer, and
   at interpreter shutdown for every tracer still open) flushes with
@@ -84,6 +88,7 @@ log = logging.getLogger("stepstream.emitter")
 
 _WARN_EVERY_SECONDS = 5.0
 _STOP_SECONDS = 3.0
+_DIAGNOSE_SECONDS = 5.0
 
 
 class TracerStats(msgspec.Struct, frozen=True):
@@ -342,6 +347,17 @@ class Tracer:
             self._unsettled -= sent + failed
             self._settled.notify_all()
 
+    def _fail_queued(self) -> int:
+        """Count every queued (not in flight) event as failed; returns how many."""
+        with self._lock:
+            count = len(self._queue)
+            self._queue.clear()
+            if not self._abandoned:
+                self._failed += count
+                self._unsettled -= count
+            self._settled.notify_all()
+        return count
+
     def _warn(self, message: str, *args: object) -> None:
         now = time.monotonic()
         if now - self._last_warning >= _WARN_EVERY_SECONDS:
@@ -359,6 +375,8 @@ class Tracer:
             return
         from aiokafka import AIOKafkaProducer
         from aiokafka.errors import KafkaError
+
+        from stepstream.kafka.preflight import diagnose
 
         producer: AIOKafkaProducer | None = None
         backoff = 0.1
@@ -379,9 +397,17 @@ class Tracer:
                     self.kafka.check_protocol(effective_protocol(candidate), "the tracer's producer")
                     try:
                         await candidate.start()
-                    except KafkaError as exc:
+                    except Exception as exc:  # noqa: BLE001 - KafkaError, or a TLS error aiokafka lets through
                         await candidate.stop()
-                        self._warn("stepstream tracer: broker %s unreachable (%s); retrying", self.bootstrap, type(exc).__name__)
+                        refused = await diagnose(self.kafka, _DIAGNOSE_SECONDS)
+                        if refused is not None:
+                            # Not transient: what waits now is counted as failed (credentials
+                            # may be fixed meanwhile, so later events are tried again).
+                            failed = self._fail_queued()
+                            self._warn("stepstream tracer: Kafka refused %s: %s (%d events counted as failed); retrying",
+                                       self.kafka.describe(), refused, failed)  # fmt: skip
+                        else:
+                            self._warn("stepstream tracer: broker %s unreachable (%s); retrying", self.bootstrap, type(exc).__name__)
                         await _wait(wake, backoff)
                         wake.clear()
                         backoff = min(backoff * 2, 5.0)

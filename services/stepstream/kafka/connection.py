@@ -30,7 +30,7 @@ Public names (stable):
   - ``.check_protocol(effective, client)``: :class:`ConfigError` unless a client's
     effective protocol (:func:`effective_protocol` of an aiokafka client, or what faust
     hands aiokafka) is the configured one. Every client is checked when built.
-  - ``.uses_tls`` / ``.uses_sasl``.
+  - ``.uses_tls`` / ``.uses_sasl``; ``.secrets()`` (the password, for the log scrub).
 
 - :data:`SECURITY_PROTOCOLS`, :data:`SASL_MECHANISMS`, :data:`ENV_NAMES` (field name to
   variable), :data:`SDK_ARGUMENTS` (the SDK's keyword arguments: the field names and
@@ -200,6 +200,10 @@ class KafkaConnection:
         return f"{' '.join(parts)} at {self.brokers}"
 
     # -- building clients ----------------------------------------------------------------
+
+    def secrets(self) -> tuple[str, ...]:
+        """The literal secrets this value holds (the SASL password), for the log scrub."""
+        return (self.sasl_password,) if self.sasl_password else ()
 
     def ssl_context(self) -> ssl.SSLContext | None:
         """A TLS client context (the system's CAs, or ``ssl_cafile`` only; the client
