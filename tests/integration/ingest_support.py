@@ -91,22 +91,24 @@ class IngestApp:
 
     def __init__(
         self, loop: HostLoop, broker: str, topic: str, tokens: Path, *, rate: float = 0, burst: int = 0,
-        timeout_seconds: float = 10.0, limits: IngestLimits | None = None,
+        timeout_seconds: float = 10.0, limits: IngestLimits | None = None, connection: KafkaConnection | None = None,
     ) -> None:  # fmt: skip
         self.loop = loop
         self.metrics = ApiMetrics()
         self.ingest_metrics = IngestMetrics(self.metrics.registry)
-        self.log = KafkaEventLog(KafkaConnection.plaintext(broker), topic, self.ingest_metrics, timeout_seconds=timeout_seconds)
+        self.log = KafkaEventLog(connection or KafkaConnection.plaintext(broker), topic, self.ingest_metrics, timeout_seconds=timeout_seconds)
         ingest = Ingest(self.log, CompanyBuckets(rate, burst), limits or IngestLimits(), self.ingest_metrics)
         self.app: ApiApp = create_app(MemoryStepStore(), MemoryDeepStore(), TokenRegistry(tokens), self.metrics, ingest=ingest)
         self.client: httpx.AsyncClient | None = None
 
-    def start(self, connect_timeout: float = 30.0) -> IngestApp:
+    def start(self, connect_timeout: float = 30.0, *, connected: bool = True) -> IngestApp:
+        """Start the producer (and, with ``connected``, wait until it is connected)."""
+
         async def start() -> None:
             await self.log.start()
             self.client = httpx.AsyncClient(transport=httpx.ASGITransport(app=self.app), base_url="http://api.test")
             deadline = time.monotonic() + connect_timeout
-            while not self.log.connected:
+            while connected and not self.log.connected:
                 if time.monotonic() > deadline:
                     raise AssertionError("the ingest producer did not connect")
                 await asyncio.sleep(0.05)

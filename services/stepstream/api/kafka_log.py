@@ -114,8 +114,8 @@ class KafkaEventLog:
                 await producer.start()
             except (KafkaError, OSError) as exc:
                 await _stop(producer)
-                log.warning("ingest: Kafka %s unreachable (%s); retrying in %.1fs", self._describe,
-                            type(exc).__name__, backoff)  # fmt: skip
+                log.warning("ingest: the producer to Kafka %s did not start (%s): the route answers 503; "
+                            "retrying in %.1fs", self._describe, type(exc).__name__, backoff)  # fmt: skip
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
                 continue
