@@ -62,18 +62,20 @@ def test_a_broker_stopped_mid_request_is_503_and_the_retry_lands_once(tmp_path: 
         response = loop.run(mid_request())
         assert response.status_code == 503, response.text
         assert int(response.headers["retry-after"]) >= 1
-        assert time.monotonic() - started < 15
+        assert time.monotonic() - started < 60  # answered, not hung (the timeout is 3 s; the kill takes its time)
         assert app.metric("stepstream_ingest_requests_total", outcome="timeout") \
             + app.metric("stepstream_ingest_requests_total", outcome="unavailable") == 1  # fmt: skip
 
         kafka("up", "--port", port, "--data", str(data))
-        deadline = time.monotonic() + 90
+        deadline = time.monotonic() + 180
+        answers: list[int] = []
         while True:  # the client retries the same request, as the SDK does, until it is accepted
             retry = app.post("acme", token, ndjson(request))
+            answers.append(retry.status_code)
             if retry.status_code == 202:
                 break
-            assert retry.status_code == 503, retry.text
-            assert time.monotonic() < deadline, "the retry was never accepted"
+            assert retry.status_code == 503, (answers, retry.text)
+            assert time.monotonic() < deadline, f"the retry was never accepted: {answers}"
             time.sleep(0.5)
         assert retry.json() == {"accepted": len(request)}
 
