@@ -77,7 +77,9 @@ class KafkaEventLog:
         self._producer: Any = None
         self._inflight = 0
         self._connector: asyncio.Task[None] | None = None
+        self._candidate: Any = None  # a producer being started by the connector
         self._closing = False
+        self._closed = asyncio.Event()  # set by close(): wakes the connector's backoff
 
     @property
     def connected(self) -> bool:
@@ -97,42 +99,75 @@ class KafkaEventLog:
             client_id="stepstream-api-ingest",
             partitioner=CachedPartitioner(),
         )
-        self.connection.check_protocol(effective_protocol(producer), "the API's ingest producer")
         return producer
 
     async def start(self) -> None:
+        """Check the producer's effective protocol against the connection's (a
+        :class:`~stepstream.errors.ConfigError` here stops ``stepstream api`` at once,
+        as every other client does), then connect in the background."""
         self._closing = False
-        if self._connector is None or self._connector.done():
-            self._connector = asyncio.create_task(self._connect(), name="stepstream-ingest-connect")
+        self._closed = asyncio.Event()
+        if self._connector is not None and not self._connector.done():
+            return
+        producer = self._new_producer()
+        try:
+            self.connection.check_protocol(effective_protocol(producer), "the API's ingest producer")
+        except BaseException:
+            await _stop(producer)
+            raise
+        self._candidate = producer
+        self._connector = asyncio.create_task(self._connect(), name="stepstream-ingest-connect")
 
     async def _connect(self) -> None:
+        """Start :attr:`_candidate` until it connects; :meth:`close` stops one left behind."""
         from aiokafka.errors import KafkaError
 
         backoff = 0.25
-        while not self._closing:
-            producer = self._new_producer()
+        while True:
+            producer = self._candidate
             try:
                 await producer.start()
             except (KafkaError, OSError) as exc:
+                self._candidate = None
                 await _stop(producer)
                 log.warning("ingest: the producer to Kafka %s did not start (%s): the route answers 503; "
                             "retrying in %.1fs", self._describe, type(exc).__name__, backoff)  # fmt: skip
-                await asyncio.sleep(backoff)
+                try:
+                    await asyncio.wait_for(self._closed.wait(), backoff)
+                except TimeoutError:
+                    pass
                 backoff = min(backoff * 2, 5.0)
+                if self._closing:
+                    return
+                self._candidate = self._new_producer()
                 continue
+            self._candidate = None
+            if self._closing:
+                await _stop(producer)
+                return
             self._producer = producer
             self._metrics.connected.set(1)
             log.warning("ingest: producing to %s on %s", self.topic, self._describe)
             return
 
     async def close(self) -> None:
+        """Stop the producer. A connection attempt in progress is let finish (for at
+        most 5 s) rather than cancelled: a start cancelled inside its TLS handshake can
+        leave aiokafka's socket open."""
         self._closing = True
-        if self._connector is not None and not self._connector.done():
-            self._connector.cancel()
-            try:
-                await self._connector
-            except asyncio.CancelledError:
-                pass
+        self._closed.set()
+        connector = self._connector
+        if connector is not None and not connector.done():
+            await asyncio.wait({connector}, timeout=_STOP_SECONDS)
+            if not connector.done():
+                connector.cancel()
+                try:
+                    await connector
+                except asyncio.CancelledError:
+                    pass
+        candidate, self._candidate = self._candidate, None
+        if candidate is not None:  # cancelled while connecting (or before it began)
+            await _stop(candidate)
         producer, self._producer = self._producer, None
         self._metrics.connected.set(0)
         if producer is not None:
@@ -145,6 +180,7 @@ class KafkaEventLog:
             self._metrics.connected.set(0)
             asyncio.get_running_loop().create_task(_stop(producer))
             if not self._closing:
+                self._candidate = self._new_producer()
                 self._connector = asyncio.create_task(self._connect(), name="stepstream-ingest-connect")
 
     def _release(self, size: int) -> None:
