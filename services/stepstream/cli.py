@@ -295,6 +295,7 @@ def _ingest_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--ingest-timeout-seconds", type=float, help="every acknowledgement within this, else 503 [10]")
     g.add_argument("--ingest-max-inflight-bytes", type=int, help="sent and not yet acknowledged, 503 past it [67108864]")
     g.add_argument("--ingest-max-requests", type=int, help="ingest requests at once, 503 past it [32]")
+    _kafka_security(p)  # the ingest producer's connection, as every other client's
 
 
 def _run_token(settings: Settings, args: argparse.Namespace) -> int:
