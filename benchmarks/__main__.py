@@ -50,6 +50,11 @@ def main() -> int:
         bench_worker.main(
             ["--broker", args.broker, *(["--mongo", args.mongo] if args.mongo else []), *(["--quick"] if args.quick else [])]
         )
+        print("\n== HTTP ingest (events/s per API process, p99 at half that rate, the SDK over HTTP, beside a bare producer) ==",
+              flush=True)  # fmt: skip
+        from benchmarks import bench_ingest
+
+        bench_ingest.main(["--broker", args.broker, *(["--quick"] if args.quick else [])])
         print("\n== memory (a backlog of cap-sized bodies: worker + writer peak RSS under 1 GiB) ==", flush=True)
         memory_ok = bench_memory.main(["--broker", args.broker, *(["--quick"] if args.quick else [])]) == 0
     else:

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `make run`: the local stack on SQLite: a Kafka broker, the worker, the compactor, the
-# read API and a demo agent; prints a curl line with a fresh API token and the run
-# viewer's URL. Runs in the foreground; Ctrl-C stops the API, the compactor, the worker and the broker.
+# read API (with its ingest route) and a demo agent; prints curl lines with fresh API
+# tokens (one that reads, one that posts an event) and the run viewer's URL. Runs in the
+# foreground; Ctrl-C stops the API, the compactor, the worker and the broker.
 #
 # Environment: KAFKA_PORT (9092), WEB_PORT (6066), COMPACTOR_PORT (6068), API_PORT (8080),
 # DEMO_RUNS (40), RUN_DIR (.run).
@@ -101,7 +102,7 @@ print("run: what landed in SQLite:")
 asyncio.run(main(sys.argv[1], sys.argv[2]))
 PY
 
-.venv/bin/stepstream api --port "$api_port" >"$run_dir/api.log" 2>&1 &
+.venv/bin/stepstream api --ingest --port "$api_port" >"$run_dir/api.log" 2>&1 &
 api_pid=$!
 for _ in $(seq 1 150); do
     curl -fsS "http://127.0.0.1:$api_port/healthz" >/dev/null 2>&1 && break
@@ -111,6 +112,8 @@ done
 echo "run: read API           pid $api_pid, http://127.0.0.1:$api_port (log $run_dir/api.log, tokens $run_dir/tokens.json)"
 company="$("$py" -c 'import sys, msgspec; print(msgspec.json.decode(open(sys.argv[1], "rb").readline())["company_id"])' "$run_dir/demo-events.jsonl")"
 token="$(.venv/bin/stepstream token add --company "$company" --scope steps:read --scope deep:read 2>/dev/null)"
+ingest_token="$(.venv/bin/stepstream token add --company "$company" --scope ingest 2>/dev/null)"
+event="$("$py" -c 'import sys, uuid, datetime; print("{\"v\":1,\"event_id\":\"%s\",\"company_id\":\"%s\",\"run_id\":\"curl-%s\",\"seq\":0,\"ts\":\"%s\",\"type\":\"run_start\",\"payload\":{\"agent_name\":\"curl\"}}" % (uuid.uuid4(), sys.argv[1], uuid.uuid4().hex[:8], datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")))' "$company")"
 
 cat <<EOF
 
@@ -119,6 +122,11 @@ Read the runs of company $company through the API (a fresh token, shown once):
   (one run: .../runs/RUN_ID; its raw bodies: .../runs/RUN_ID/deep; the schema: http://127.0.0.1:$api_port/openapi.json)
 Or in a browser, the run viewer (sign in with the same token):
   http://127.0.0.1:$api_port/ui/companies/$company/runs
+
+Write an event of company $company through the API (an ingest token: it writes $company only):
+  curl -s -X POST -H 'Authorization: Bearer $ingest_token' -H 'Content-Type: application/x-ndjson' \
+    --data-binary '$event' 'http://127.0.0.1:$api_port/v1/companies/$company/events'
+  (202 {"accepted":1} once the broker holds it; the SDK does the same: Tracer("http://127.0.0.1:$api_port", token=...))
 
 Look at the results:
   metrics     curl -s http://127.0.0.1:$web_port/metrics | grep ^stepstream_

@@ -6,20 +6,22 @@
 #   deploy/kafka/acls.sh [--bootstrap HOST:PORT] [--command-config FILE]
 #                        [--topic RAW] [--dlq DLQ] [--group GROUP] [--prefixed]
 #                        [--agents PRINCIPAL] [--worker PRINCIPAL] [--compactor PRINCIPAL]
-#                        [--worker-creates-topics] [--apply]
+#                        [--worker-creates-topics] [--api-ingest PRINCIPAL] [--apply]
 #
 # Defaults: --topic stepstream.events, --dlq RAW.dlq, --group stepstream-worker (the
 # worker's app id), principals User:agents, User:worker, User:compactor. --prefixed
 # grants on every name starting with RAW, DLQ and GROUP (test brokers; least privilege
 # means literal names). --worker-creates-topics also lets the worker CREATE both topics
 # (else run it with --no-create-topics and let an admin create them). The API needs no
-# ACL. --apply runs each command with the Kafka jars kafka.sh fetched (KAFKA_LIBS, or
-# the cache); FILE holds the admin client's settings (security.protocol, sasl.*, ssl.*).
+# ACL, unless it serves the ingest route (stepstream api --ingest): --api-ingest
+# PRINCIPAL grants that principal WRITE on the raw topic, like the agents. --apply
+# runs each command with the Kafka jars kafka.sh fetched (KAFKA_LIBS, or the cache);
+# FILE holds the admin client's settings (security.protocol, sasl.*, ssl.*).
 set -euo pipefail
 
 bootstrap="127.0.0.1:9092" command_config="" topic="stepstream.events" dlq="" group="stepstream-worker"
 agents="User:agents" worker="User:worker" compactor="User:compactor"
-pattern="literal" creates=0 apply=0
+pattern="literal" creates=0 apply=0 api=""
 while (($#)); do
     case "$1" in
         --bootstrap) bootstrap="${2:?}"; shift 2 ;;
@@ -32,8 +34,9 @@ while (($#)); do
         --compactor) compactor="${2:?}"; shift 2 ;;
         --prefixed) pattern="prefixed"; shift ;;
         --worker-creates-topics) creates=1; shift ;;
+        --api-ingest) api="${2:?}"; shift 2 ;;
         --apply) apply=1; shift ;;
-        -h|--help) sed -n '2,19s/^# \{0,1\}//p' "${BASH_SOURCE[0]}"; exit 0 ;;
+        -h|--help) sed -n '2,22s/^# \{0,1\}//p' "${BASH_SOURCE[0]}"; exit 0 ;;
         *) echo "acls.sh: unknown argument: $1" >&2; exit 2 ;;
     esac
 done
@@ -63,7 +66,13 @@ fi
 note " compactor ($compactor): WRITE on the raw topic (its run_close events)."
 grant --allow-principal "$compactor" --operation Write "${named[@]}" --topic "$topic"
 grant --allow-principal "$compactor" --operation IdempotentWrite --cluster
-note " api: none (it reads the stores, not Kafka)."
+if [[ -n "$api" ]]; then
+    note " api ($api), serving the ingest route (stepstream api --ingest): WRITE on the raw topic, as the agents."
+    grant --allow-principal "$api" --operation Write "${named[@]}" --topic "$topic"
+    grant --allow-principal "$api" --operation IdempotentWrite --cluster
+else
+    note " api: none (it reads the stores, not Kafka; with --ingest see --api-ingest)."
+fi
 
 if ((!apply)); then
     for line in "${grants[@]}"; do

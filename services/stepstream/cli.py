@@ -246,6 +246,8 @@ def _run_verify(args: argparse.Namespace) -> int:
 
 def _api_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """``api`` and ``token add|list|revoke`` (CONTRACT.md section 4, docs/api.md)."""
+    from stepstream.api.tokens import SCOPES
+
     tokens_help = "tokens file [STEPSTREAM_TOKENS_FILE, stepstream-tokens.json]"
     p = sub.add_parser("api", help="serve the read API (HTTP)")
     _sinks(p)
@@ -261,13 +263,14 @@ def _api_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
         help="seconds a deep read or bundle waits for a free slot [STEPSTREAM_API_EXPORT_WAIT_SECONDS, 2]",
     )  # fmt: skip
     p.add_argument("--log-level", help="debug, info (one access line per request), warning, error [warning]")
+    _ingest_flags(p)
 
     p = sub.add_parser("token", help="manage API tokens (add prints the new token on stdout, once)")
     tokens = p.add_subparsers(dest="token_command", required=True, metavar="ACTION")
     add = tokens.add_parser("add", help="create a token; prints only the token")
-    add.add_argument("--company", required=True, help="the one company the token reads")
+    add.add_argument("--company", required=True, help="the one company the token reads (or, with ingest, writes)")
     add.add_argument(
-        "--scope", action="append", required=True, choices=["steps:read", "deep:read", "deep:purge"],
+        "--scope", action="append", required=True, choices=list(SCOPES),
         help="a scope; repeat for several",
     )
     add.add_argument("--tokens-file", help=tokens_help)
@@ -276,6 +279,23 @@ def _api_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
     revoke = tokens.add_parser("revoke", help="revoke a token by id (the API refuses it on its next request)")
     revoke.add_argument("id", help="token id, as `token list` shows it")
     revoke.add_argument("--tokens-file", help=tokens_help)
+
+
+def _ingest_flags(p: argparse.ArgumentParser) -> None:
+    """The API's ingest route (docs/api.md, "Writing events"): off unless ``--ingest``."""
+    g = p.add_argument_group("ingest (POST /v1/companies/{company}/events)")
+    g.add_argument("--ingest", dest="api_ingest", action="store_const", const=True,
+                   help="serve the ingest route, producing to --topic [STEPSTREAM_API_INGEST, off]")  # fmt: skip
+    g.add_argument("--broker", help="Kafka bootstrap host:port or kafka://host:port [STEPSTREAM_BROKER, 127.0.0.1:9092]")
+    g.add_argument("--topic", help="raw event topic [STEPSTREAM_TOPIC, stepstream.events]")
+    g.add_argument("--ingest-max-body-bytes", type=int, help="413 past it [8388608]")
+    g.add_argument("--ingest-max-events", type=int, help="events per request, 413 past it [10000]")
+    g.add_argument("--ingest-rate-events", type=float, help="events per second per company, 429 past it; 0: off [10000]")
+    g.add_argument("--ingest-burst-events", type=int, help="the bucket's size, at least --ingest-max-events [50000]")
+    g.add_argument("--ingest-timeout-seconds", type=float, help="every acknowledgement within this, else 503 [10]")
+    g.add_argument("--ingest-max-inflight-bytes", type=int, help="sent and not yet acknowledged, 503 past it [67108864]")
+    g.add_argument("--ingest-max-requests", type=int, help="ingest requests at once, 503 past it [32]")
+    _kafka_security(p)  # the ingest producer's connection, as every other client's
 
 
 def _run_token(settings: Settings, args: argparse.Namespace) -> int:
@@ -309,6 +329,8 @@ def _settings(args: argparse.Namespace) -> Settings:
         "batch_bytes",
         "store_retry_seconds", "stop_grace_seconds", "replication_factor", "tokens_file", "api_host", "api_port",
         "api_max_exports", "api_export_wait_seconds", "create_topics",
+        "api_ingest", "ingest_max_body_bytes", "ingest_max_events", "ingest_rate_events", "ingest_burst_events",
+        "ingest_timeout_seconds", "ingest_max_inflight_bytes", "ingest_max_requests",
         *KAFKA_OVERRIDES,
         "compactor_interval_seconds", "compactor_web_port", "deep_runs_per_company",
         "deep_ttl_seconds", "step_ttl_seconds", "abandon_after_seconds", "retention_file",

@@ -106,6 +106,17 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     retention_file: str = ""
     compactor_interval_seconds: float = 60.0
     compactor_web_port: int = 6068
+    # The ingest route of the API (``POST /v1/companies/{company}/events``, api/ingest.py):
+    # off unless asked for (then the API produces to ``topic`` and needs Kafka WRITE on it).
+    api_ingest: bool = False
+    ingest_max_body_bytes: int = 8_388_608  # 413 past it, before the body is read whole
+    ingest_max_events: int = 10_000  # per request (413 past it)
+    # Per company: a token bucket of events refilled at this rate (0: no limit), 429 when empty.
+    ingest_rate_events: float = 10_000.0
+    ingest_burst_events: int = 50_000  # at least ingest_max_events
+    ingest_timeout_seconds: float = 10.0  # every acknowledgement within this, else 503
+    ingest_max_inflight_bytes: int = 67_108_864  # sent, not yet acknowledged; 503 past it
+    ingest_max_requests: int = 32  # ingest requests served at once per process; 503 past it
 
     @property
     def kafka(self) -> KafkaConnection:
@@ -151,6 +162,15 @@ def load_settings(overrides: Mapping[str, object] | None = None, environ: Mappin
         raise ConfigError("bad setting: batch_bytes must be at least 1")
     if settings.api_max_exports < 1 or not 0 <= settings.api_export_wait_seconds <= 3600:
         raise ConfigError("bad setting: api_max_exports must be at least 1, api_export_wait_seconds 0..3600")
+    if (
+        min(settings.ingest_max_body_bytes, settings.ingest_max_events, settings.ingest_max_inflight_bytes,
+            settings.ingest_max_requests) < 1
+        or settings.ingest_rate_events < 0
+        or not 0 < settings.ingest_timeout_seconds <= 600
+    ):  # fmt: skip
+        raise ConfigError("bad setting: ingest_* bounds must be at least 1, the rate at least 0, the timeout 0..600 s")
+    if settings.ingest_rate_events > 0 and settings.ingest_burst_events < settings.ingest_max_events:
+        raise ConfigError("bad setting: ingest_burst_events must be at least ingest_max_events")
     connection = KafkaConnection.from_env(env, kafka_overrides, brokers=settings.broker)
     return msgspec.structs.replace(settings, broker=connection.brokers, connection=connection)
 

@@ -167,6 +167,47 @@ class ApiMetrics:
         )
 
 
+_PRODUCE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+
+
+class IngestMetrics:
+    """The ingest route's metrics (``POST /v1/companies/{company}/events``), on the
+    API's registry. No label is a company, a run or a token: ``reason`` and ``cause``
+    come from fixed sets (the refusal reasons of ``api/ingest.py``, the wire rules'
+    :data:`~stepstream.core.wire.DECODE_REASONS`)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        r = self.registry = registry
+        self.requests = Counter(
+            "stepstream_ingest_requests", "Ingest requests, by outcome (accepted or the refusal's reason).",
+            ["outcome"], registry=r,
+        )  # fmt: skip
+        self.events = Counter(
+            "stepstream_ingest_events", "Events the broker acknowledged for an accepted ingest request.", registry=r
+        )
+        self.bytes = Counter(
+            "stepstream_ingest_bytes", "Bytes of event values the broker acknowledged (accepted requests).", registry=r
+        )
+        self.rejected_lines = Counter(
+            "stepstream_ingest_rejected_lines", "Lines of refused ingest requests that are not wire v1 events, by reason.",
+            ["reason"], registry=r,
+        )  # fmt: skip
+        self.produce_latency = Histogram(
+            "stepstream_ingest_produce_seconds", "First record sent to the last acknowledgement, per accepted request.",
+            buckets=_PRODUCE_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.produce_failures = Counter(
+            "stepstream_ingest_produce_failures", "Ingest requests answered 503 by the producer, by cause (timeout, refused).",
+            ["cause"], registry=r,
+        )  # fmt: skip
+        self.inflight_bytes = Gauge(
+            "stepstream_ingest_inflight_bytes", "Bytes sent to the broker and not yet acknowledged (bounded).", registry=r
+        )
+        self.connected = Gauge(
+            "stepstream_ingest_connected", "1 while the ingest producer is connected to Kafka, else 0.", registry=r
+        )
+
+
 def observe_many(histogram: Any, values: Iterable[float]) -> None:
     """``histogram.observe(v)`` for every ``v`` (non-negative, not NaN), in one pass:
     each value's bucket by bisection, then one increment per bucket and one of the sum.

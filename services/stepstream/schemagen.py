@@ -46,13 +46,19 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def render_openapi() -> str:
-    """The read API's OpenAPI document, as ``stepstream api`` serves it at ``/openapi.json``."""
+    """The API's OpenAPI document, as ``stepstream api --ingest`` serves it at ``/openapi.json``
+    (without ``--ingest`` the document lacks the ingest route)."""
     from stepstream.api.app import create_app
+    from stepstream.api.event_log import MemoryEventLog
+    from stepstream.api.ingest import Ingest, IngestLimits
+    from stepstream.api.ratelimit import CompanyBuckets
     from stepstream.api.tokens import TokenRegistry
-    from stepstream.metrics import ApiMetrics
+    from stepstream.metrics import ApiMetrics, IngestMetrics
     from stepstream.sinks.memory import MemoryDeepStore, MemoryStepStore
 
-    app = create_app(MemoryStepStore(), MemoryDeepStore(), TokenRegistry(Path("/nonexistent")), ApiMetrics())
+    metrics = ApiMetrics()
+    ingest = Ingest(MemoryEventLog(), CompanyBuckets(0, 0), IngestLimits(), IngestMetrics(metrics.registry))
+    app = create_app(MemoryStepStore(), MemoryDeepStore(), TokenRegistry(Path("/nonexistent")), metrics, ingest=ingest)
     return json.dumps(app.litestar.openapi_schema.to_schema(), indent=2, sort_keys=True, ensure_ascii=False) + "\n"
 
 

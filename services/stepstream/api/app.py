@@ -28,6 +28,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from stepstream.api.auth import make_guard
 from stepstream.api.deep import deep_router
+from stepstream.api.ingest import Ingest, ingest_router
 from stepstream.api.exports import DEFAULT_MAX_EXPORTS, DEFAULT_WAIT_SECONDS, ExportSlots, Slot
 from stepstream.api.problems import NOT_FOUND, PROBLEM_MEDIA_TYPE, Problem, ProblemError, encode, problem
 from stepstream.api.steps import steps_router
@@ -50,6 +51,8 @@ def problem_response(body: Problem, headers: dict[str, str] | None = None) -> Re
 
 
 def _on_problem(_: Request[Any, Any, Any], exc: ProblemError) -> Response[bytes]:
+    if exc.content is not None:
+        return Response(content=exc.content, status_code=exc.body.status, media_type=PROBLEM_MEDIA_TYPE, headers=exc.headers)
     return problem_response(exc.body, exc.headers)
 
 
@@ -205,11 +208,14 @@ def create_app(
     max_exports: int = DEFAULT_MAX_EXPORTS,
     export_wait_seconds: float = DEFAULT_WAIT_SECONDS,
     live: LiveSettings | None = None,
+    ingest: Ingest | None = None,
 ) -> ApiApp:
     """The API over open stores. The stores stay the caller's to close. At most
     ``max_exports`` deep reads and bundle builds run at once (``api.exports``); a
     request waits up to ``export_wait_seconds`` for a slot, then gets 503. The run
-    viewer (``api.ui``) is served under ``/ui``; ``live`` bounds its live streams."""
+    viewer (``api.ui``) is served under ``/ui``; ``live`` bounds its live streams. With
+    ``ingest``, ``POST /v1/companies/{company}/events`` writes events (``api.ingest``);
+    its event log stays the caller's to start and close."""
     guards = [make_guard(tokens)]
     slots = ExportSlots(max_exports, export_wait_seconds, metrics)
     pages = viewer(steps, deep, tokens, slots, live)
@@ -224,8 +230,11 @@ def create_app(
         """Request counts by route template and status, latency histogram."""
         return generate_latest(metrics.registry).decode("utf-8")
 
+    handlers: list[Any] = [healthz, metrics_text, steps_router(steps, guards), deep_router(deep, deep, steps, guards, slots)]
+    if ingest is not None:
+        handlers.append(ingest_router(ingest, guards))
     litestar = Litestar(
-        route_handlers=[healthz, metrics_text, steps_router(steps, guards), deep_router(deep, deep, steps, guards, slots), pages.router],
+        route_handlers=[*handlers, pages.router],
         template_config=pages.template_config,
         exception_handlers={
             ProblemError: _on_problem,

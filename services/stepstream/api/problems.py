@@ -15,6 +15,10 @@ type                                   status  when
                                                no such route
 ``urn:stepstream:problem:method-not-allowed`` 405  the route exists, the method does not
 ``urn:stepstream:problem:gone``         410    a run's bodies were pruned or purged: no bundle
+``urn:stepstream:problem:too-large``    413    an ingest body or its event count is over the bound
+``urn:stepstream:problem:unsupported-media-type`` 415  an ingest body of another media type
+``urn:stepstream:problem:too-many-requests`` 429  the company's ingest rate is exhausted
+                                               (``Retry-After`` is set)
 ``urn:stepstream:problem:unavailable``  503    a store or the tokens file is unavailable
                                                (``Retry-After`` is set)
 ``urn:stepstream:problem:internal``     500    anything else (logged with its traceback)
@@ -45,6 +49,9 @@ TITLES = {
     404: ("not-found", "Not Found"),
     405: ("method-not-allowed", "Method Not Allowed"),
     410: ("gone", "Gone"),
+    413: ("too-large", "Content Too Large"),
+    415: ("unsupported-media-type", "Unsupported Media Type"),
+    429: ("too-many-requests", "Too Many Requests"),
     503: ("unavailable", "Service Unavailable"),
     500: ("internal", "Internal Server Error"),
 }
@@ -56,12 +63,14 @@ def problem(status: int, detail: str) -> Problem:
 
 
 class ProblemError(Exception):
-    """Raised by handlers and guards; the app turns it into the problem response."""
+    """Raised by handlers and guards; the app turns it into the problem response
+    (``content``: the encoded body when it has extension members, else ``body``'s)."""
 
-    def __init__(self, body: Problem, headers: dict[str, str] | None = None) -> None:
+    def __init__(self, body: Problem, headers: dict[str, str] | None = None, *, content: bytes | None = None) -> None:
         super().__init__(body.detail)
         self.body = body
         self.headers = headers or {}
+        self.content = content
 
 
 NOT_FOUND = problem(404, "not found")
@@ -78,6 +87,9 @@ _DESCRIPTIONS = {
     403: "The token lacks this route's scope",
     404: "No such run, or a run or path of another company (the same bytes)",
     410: "The run's bodies were pruned or purged: no complete bundle",
+    413: "The body, or its number of events, is over the route's bound",
+    415: "The body is neither application/x-ndjson nor application/json",
+    429: "The company's event rate is exhausted; retry after Retry-After seconds",
     503: "A store or the tokens file is unavailable; retry after Retry-After seconds",
 }
 

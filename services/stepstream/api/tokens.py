@@ -60,8 +60,9 @@ __all__ = [
 
 log = logging.getLogger("stepstream.api.tokens")
 
-Scope = Literal["steps:read", "deep:read", "deep:purge"]
-SCOPES: tuple[str, ...] = ("steps:read", "deep:read", "deep:purge")
+Scope = Literal["steps:read", "deep:read", "deep:purge", "ingest"]
+# ``ingest``: write wire events of the token's company (``POST .../events``, api/ingest.py).
+SCOPES: tuple[str, ...] = ("steps:read", "deep:read", "deep:purge", "ingest")
 COMPANY_PATTERN: str = CompanyId.__metadata__[0].pattern  # the wire contract's company id
 _COMPANY = re.compile(COMPANY_PATTERN)
 _TOKEN = re.compile(r"^sst_([0-9a-f]{12})_([A-Za-z0-9_-]{43})$")

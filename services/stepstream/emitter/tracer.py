@@ -10,6 +10,8 @@
     # Tracer("b0:9093", security_protocol="SASL_SSL", sasl_mechanism="SCRAM-SHA-512",
     #        sasl_username="agents", sasl_password_file="/run/secrets/kafka-password",
     #        ssl_cafile="/etc/kafka/ca.pem")
+    # Or through the API (writes for the token's company only, no Kafka credentials):
+    # Tracer("https://api.example", token=ingest_token)
     with tracer.run("acme", agent_name="support-bot") as run:
         run.llm_request("c1", provider="anthropic", model="claude-sonnet-4", input=messages)
         run.thinking("the invoice total looks doubled")
@@ -37,6 +39,10 @@ Contracts:
   event is dropped and counted (:attr:`Tracer.dropped`); its ``seq`` is used anyway,
   so the loss shows downstream as a sequence gap of that run. No call waits for the
   broker; a broker that is down only fills the queue.
+- **Over HTTP.** With an ``http://`` or ``https://`` URL and a ``token`` (scope
+  ``ingest``), the same queue is sent in batches to the API's
+  ``POST /v1/companies/{company}/events`` (``stepstream.emitter.http_sender``: retries
+  with backoff on 429/503, refusals counted in ``failed``); the promises above hold.
 - **Errors.** A payload that is not JSON-encodable, an id outside the wire rules, or
   a call on an ended run raises at the call (a bug in the caller, reported where it
   is). A delivery the broker refuses or that times out is counted in
@@ -123,27 +129,47 @@ class Tracer:
         request_timeout_ms: int = 30_000,
         clock: Callable[[], datetime] | None = None,
         tee: Callable[[bytes], None] | None = None,
+        token: str | None = None,
+        batch_events: int = 500,
+        batch_bytes: int = 4_194_304,
     ) -> None:
         """``broker``: a :class:`KafkaConnection`, or ``host:port`` / ``kafka://host:port``
         (several: comma-separated; default ``STEPSTREAM_BROKER``, else 127.0.0.1:9092)
-        with the security keywords (module docstring). ``tee``: called with each
-        accepted event's bytes, in queue order (the demo writes them to a file)."""
-        if max_queue < 1:
-            raise ValueError("max_queue must be at least 1")
+        with the security keywords (module docstring); or the API's
+        ``http(s)://host[:port]`` with ``token`` (an ``ingest`` token; the API chooses
+        the topic, no Kafka setting applies). ``batch_events`` / ``batch_bytes``: the
+        most one HTTP request carries. ``tee``: called with each accepted event's
+        bytes, in queue order (the demo writes them to a file)."""
+        if max_queue < 1 or batch_events < 1 or batch_bytes < 1:
+            raise ValueError("max_queue, batch_events and batch_bytes must be at least 1")
         security = {
             "security_protocol": security_protocol, "sasl_mechanism": sasl_mechanism,
             "sasl_username": sasl_username, "sasl_password": sasl_password,
             "sasl_password_file": sasl_password_file, "ssl_cafile": ssl_cafile, "ssl_certfile": ssl_certfile,
             "ssl_keyfile": ssl_keyfile, "ssl_check_hostname": ssl_check_hostname,
         }  # fmt: skip
-        if isinstance(broker, KafkaConnection):
+        self.endpoint: str | None = None
+        self._token = token
+        self.batch_events = batch_events
+        self.batch_bytes = batch_bytes
+        if isinstance(broker, str) and broker.lower().startswith(("http://", "https://")):
+            if not token:
+                raise ValueError("a tracer over HTTP needs token= (an ingest token of the company)")
             if any(value is not None for value in security.values()):
-                raise ValueError("pass the security settings inside the KafkaConnection, not beside it")
-            self.kafka = broker
+                raise ValueError("Kafka security settings do not apply to a tracer over HTTP")
+            self.endpoint = broker.rstrip("/")
+            self.kafka: KafkaConnection | None = None
+            self.bootstrap = ""
+            self._client_kwargs: dict[str, Any] = {}
         else:
-            self.kafka = KafkaConnection.from_env(None, security, brokers=broker)
-        self.bootstrap = self.kafka.brokers
-        self._client_kwargs = self.kafka.aiokafka_kwargs()  # a bad TLS file raises here, at the caller
+            if isinstance(broker, KafkaConnection):
+                if any(value is not None for value in security.values()):
+                    raise ValueError("pass the security settings inside the KafkaConnection, not beside it")
+                self.kafka = broker
+            else:
+                self.kafka = KafkaConnection.from_env(None, security, brokers=broker)
+            self.bootstrap = self.kafka.brokers
+            self._client_kwargs = self.kafka.aiokafka_kwargs()  # a bad TLS file raises here, at the caller
         self.topic = topic
         self.max_queue = max_queue
         self.flush_timeout = flush_timeout
@@ -339,14 +365,19 @@ class Tracer:
             log.warning(message, *args)
 
     async def _sender(self) -> None:
+        self._wake = wake = asyncio.Event()
+        self._loop = asyncio.get_running_loop()
+        self._loop_ready.set()
+        if self.endpoint is not None:
+            from stepstream.emitter.http_sender import send_over_http
+
+            await send_over_http(self, wake)
+            return
         from aiokafka import AIOKafkaProducer
         from aiokafka.errors import KafkaError
 
         from stepstream.kafka.preflight import diagnose
 
-        self._wake = wake = asyncio.Event()
-        self._loop = asyncio.get_running_loop()
-        self._loop_ready.set()
         producer: AIOKafkaProducer | None = None
         backoff = 0.1
         try:
