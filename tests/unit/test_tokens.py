@@ -19,7 +19,7 @@ NOW = "2026-11-29T12:00:00Z"
 def test_add_stores_only_a_salted_digest_with_mode_0600(tmp_path):
     path = tmp_path / "tokens.json"
     token, entry = add_token(path, "acme", ["deep:read", "steps:read"], created=NOW)
-    secret = token.rsplit("_", 1)[1]
+    secret = token.split("_", 2)[2]
     raw = path.read_text()
     assert secret not in raw and token not in raw
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
@@ -56,7 +56,7 @@ def test_registry_authenticates_and_rereads_on_change(tmp_path):
         lambda t: t + "\n",  # ``$`` alone would match before it
         lambda t: "",
         lambda t: t.split("_")[1],  # the id alone
-        lambda t: "sst_" + "f" * 12 + "_" + t.rsplit("_", 1)[1],  # right secret, other id
+        lambda t: "sst_" + "f" * 12 + "_" + t.split("_", 2)[2],  # right secret, other id
     ],
 )
 def test_malformed_or_altered_tokens_are_refused(tmp_path, mangle):
@@ -107,7 +107,7 @@ def test_cli_prints_only_the_token_on_stdout(tmp_path, capsys):
     assert main(["token", "list", "--tokens-file", str(path)]) == 0
     listing = capsys.readouterr().out
     token_id = token.split("_")[1]
-    assert token_id in listing and token.rsplit("_", 1)[1] not in listing and "steps:read,deep:read" in listing
+    assert token_id in listing and token.split("_", 2)[2] not in listing and "steps:read,deep:read" in listing
     assert main(["token", "revoke", token_id, "--tokens-file", str(path)]) == 0
     assert TokenRegistry(path).authenticate(token) is None
     assert main(["token", "revoke", "ffffffffffff", "--tokens-file", str(path)]) == 1
