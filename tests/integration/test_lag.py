@@ -3,10 +3,13 @@ measured from outside the consumer (works while the consumer is stuck)."""
 
 from __future__ import annotations
 
+import asyncio
+import time
 import uuid
 
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.errors import KafkaError
 
 from stepstream.config import load_settings
 from stepstream.kafka.topics import ensure_topics
@@ -15,6 +18,19 @@ from stepstream.kafka.connection import KafkaConnection
 from stepstream.metrics import Metrics
 
 pytestmark = pytest.mark.integration
+
+
+async def first_poll(poller: LagPoller, seconds: float = 30.0) -> dict[int, int]:
+    """The first poll on a fresh broker: the group coordinator (``__consumer_offsets``)
+    may not exist yet, a retriable error the poller's own loop retries too."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            return await poller.poll()
+        except KafkaError as exc:
+            if not exc.retriable or time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.5)
 
 
 async def test_lag_gauge_reads_produced_then_returns_to_zero(kafka_bootstrap):
@@ -27,7 +43,7 @@ async def test_lag_gauge_reads_produced_then_returns_to_zero(kafka_bootstrap):
     producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
     await producer.start()
     try:
-        assert sum((await poller.poll()).values()) == 0
+        assert sum((await first_poll(poller)).values()) == 0
         n = 137
         for i in range(n):
             await producer.send(topic, b"x", key=f"k{i}".encode())
