@@ -159,9 +159,20 @@ class Pipeline:
                 and not (out.seq_gap or out.late)
             ):
                 # A delta buffered in the fold's tail (most events of a thinking run):
-                # nothing to batch yet, only what makes it durable later.
-                journal.add(event, tp, offset, True)
-                self._hold(key, tp, offset, now, event.ts.timestamp())
+                # nothing to batch yet, only what makes it durable later (inline: the
+                # hot path of a thinking run; Journal.add and _hold say the same).
+                entries = journal.entries
+                if journal.tail is None:
+                    journal.tail = journal.start + len(entries)
+                entries.append((event, tp, offset))
+                self.folds.tails.add(key)
+                if self.ledger is not None and tp is not None:
+                    self.ledger.hold(key, tp, offset, now)
+                held = self._held_ts.get(key)
+                if held is None:
+                    self._held_ts[key] = [event.ts.timestamp()]
+                else:
+                    held.append(event.ts.timestamp())
             else:
                 journal.add(event, tp, offset, out.state is None)
                 self._take(key, out, tp, offset, now, event.ts.timestamp(), tag == "thinking_delta")
