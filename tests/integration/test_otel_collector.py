@@ -29,6 +29,7 @@ import msgspec
 import pytest
 import yaml
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from harness import Scenario, dump, first_difference, free_port, golden_dump, read_topic, wait_caught_up
 from stepstream.otlp.decode import decode_request
@@ -82,7 +83,7 @@ def _overlay(topics: dict[str, str]) -> dict:
         exporter = {
             "brokers": ["${env:STEPSTREAM_KAFKA_BROKERS}"],
             "traces": {"topic": topics[way], **settings.get("traces", {})},
-            "record_headers": {"stepstream-company": "${env:STEPSTREAM_COMPANY}"},
+            "record_headers": [{"name": "stepstream-company", "value": "${env:STEPSTREAM_COMPANY}"}],
             "producer": {"required_acks": -1},
             **{k: v for k, v in settings.items() if k != "traces"},
         }
@@ -162,8 +163,9 @@ def exported(kafka_bootstrap, tmp_path_factory):
 
 
 def _golden(requests: list[bytes], base: Path) -> dict:
-    """``ingest-file`` of the mapping of the recorded requests (one whole trace each), as
-    native events numbered in bridge order (test_otlp_worker.py's oracle)."""
+    """``ingest-file`` of the mapping of ``requests`` (each mapped on its own, in order, as
+    the bridge does), as native events numbered in bridge order (test_otlp_worker.py's
+    oracle)."""
     headers = [("stepstream-company", COMPANY.encode())]
     events = []
     for request in requests:
@@ -194,13 +196,40 @@ def _check_shape(way: str, records) -> None:
             assert r.key.decode() == next(iter(trace_ids)), (r.key, trace_ids)
         else:
             assert r.key is None
-    if way == "partition_traces_by_id":
-        assert len(records) == len(FAMILIES)
+
+
+
+def _split_groups(requests: list[bytes]) -> int:
+    """How many messages ``partition_traces_by_id`` makes of ``requests``: one per
+    resource, instrumentation scope and trace (the exporter's batchpersignal.SplitTraces),
+    so a trace whose spans come from two scopes is two messages with the same key."""
+    groups = 0
+    for raw in requests:
+        request = ExportTraceServiceRequest.FromString(raw)
+        for resource_spans in request.resource_spans:
+            for scope_spans in resource_spans.scope_spans:
+                groups += len({span.trace_id for span in scope_spans.spans})
+    return groups
+
+
+def _span_ids(values) -> list[tuple[str, str]]:
+    return sorted((span.trace_id, span.span_id) for value in values for span in decode_request(value).spans)
 
 
 @pytest.fixture(scope="module")
 def golden(exported, tmp_path_factory) -> dict:
-    return _golden(exported["requests"], tmp_path_factory.mktemp("golden"))
+    """Per way: the rows of the recorded requests, each one whole trace (what the Collector
+    sends as a batch, ``otlp_proto`` or ``otlp_json``, whatever it merges), and for
+    ``partition_traces_by_id`` the rows of the messages as the exporter split them (per
+    scope: the ordering rule numbers a run's events in the order its messages arrive),
+    after checking that the split holds exactly the recorded spans."""
+    requests = exported["requests"]
+    whole = _golden(requests, tmp_path_factory.mktemp("golden"))
+    split = exported["records"]["partition_traces_by_id"]
+    assert len(split) == _split_groups(requests) > len(FAMILIES)
+    assert _span_ids(r.value for r in split) == _span_ids(requests)
+    by_id = _golden([r.value for r in split], tmp_path_factory.mktemp("golden-split"))
+    return {"otlp_proto": whole, "otlp_json": whole, "partition_traces_by_id": by_id}
 
 
 @pytest.mark.parametrize("way", list(WAYS))
@@ -221,4 +250,4 @@ async def test_sdk_to_collector_to_worker_equals_the_mapping(way, exported, gold
     letters = await read_topic(scenario.broker, scenario.settings().dlq)
     assert letters == [], [dict(r.headers) for r in letters]
     got = await dump(scenario.steps_url, scenario.deep_url, [COMPANY])
-    assert got == golden, first_difference(golden, got)
+    assert got == golden[way], first_difference(golden[way], got)
