@@ -92,6 +92,15 @@ def _overlay(topics: dict[str, str]) -> dict:
     return {"exporters": exporters, "service": {"pipelines": pipelines, "telemetry": {"metrics": {"level": "none"}}}}
 
 
+def _die_with_parent() -> None:
+    """In the Collector's process: SIGKILL it when the test process dies, even by SIGKILL
+    (Linux's PR_SET_PDEATHSIG), so no run leaves a Collector behind."""
+    import ctypes
+    import signal
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+
+
 def _wait_listening(port: int, proc: subprocess.Popen, log: Path, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -130,7 +139,7 @@ def exported(kafka_bootstrap, tmp_path_factory):
     log = base / "otelcol.log"
     command = [binary, f"--config={ROOT / 'deploy' / 'otel' / 'collector.yaml'}", f"--config={base / 'overlay.yaml'}"]
     with open(log, "wb") as out:
-        proc = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
     try:
         _wait_listening(http_port, proc, log)
         recorded = base / "recorded"
