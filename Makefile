@@ -66,7 +66,7 @@ clean: ## Stop local servers; remove .venv, .run and build/test debris (cached j
 
 .PHONY: tools deploy-check
 
-tools: ## Build promtool and kustomize from the Go module proxy into ~/.cache/stepstream (once)
+tools: ## Build promtool, kustomize and the OpenTelemetry Collector from the Go module proxy into ~/.cache/stepstream (once)
 	@deploy/tools/tools.sh build
 
 deploy-check: venv tools ## Check deploy/ alone: alert rules and their unit tests, scrape configs, kustomize render + schemas, dashboard, compose

@@ -1,6 +1,6 @@
 """Record the golden OTLP fixtures of tests/unit/test_otlp_*.py from the real libraries.
 
-    .venv/bin/python tests/unit/otlp_fixtures/record.py [--out DIR] [FAMILY ...]
+    .venv/bin/python tests/unit/otlp_fixtures/record.py [--out DIR] [--otlp-http URL] [FAMILY ...]
 
 Each convention family runs in its own process (instrumentors patch the openai client
 globally): an agent built with the real ``openai`` client, instrumented by
@@ -11,7 +11,9 @@ agent and tool spans from ``openinference-instrumentation``'s tracer) or Tracelo
 answers with fixed completions: a tool call (two tools, one of which fails), reasoning,
 then the final answer. The SDK's in-memory exporter collects the spans, and the SDK's
 own OTLP encoder writes them as ``FAMILY.pb`` (otlp_proto) and ``FAMILY.json``
-(otlp_json, as the Collector's marshaler writes it: hex ids, integer enums).
+(otlp_json, as the Collector's marshaler writes it: hex ids, integer enums). With
+``--otlp-http URL`` the same spans are also sent, in one request per family, by the SDK's
+OTLP/HTTP exporter to ``URL`` (a Collector's ``/v1/traces``; a failed export exits non-zero).
 """
 
 from __future__ import annotations
@@ -226,6 +228,16 @@ def _record(family: str, out: Path) -> None:
                     if field in span:
                         span[field] = __import__("base64").b64decode(span[field]).hex()
     (out / f"{family}.json").write_text(json.dumps(document, indent=1, sort_keys=True) + "\n")
+    endpoint = os.environ.get("_RECORD_OTLP_HTTP")
+    if endpoint:
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        from opentelemetry.sdk.trace.export import SpanExportResult
+
+        sender = OTLPSpanExporter(endpoint=endpoint, timeout=10)
+        result = sender.export(spans)
+        sender.shutdown()
+        if result is not SpanExportResult.SUCCESS:
+            raise SystemExit(f"{family}: the OTLP/HTTP export to {endpoint} failed ({result})")
     print(f"{family}: {len(spans)} spans", file=sys.stderr)
 
 
@@ -233,6 +245,8 @@ def main(argv: list[str]) -> None:
     out = HERE
     if argv[:1] == ["--out"]:
         out, argv = Path(argv[1]), argv[2:]
+    if argv[:1] == ["--otlp-http"]:
+        os.environ["_RECORD_OTLP_HTTP"], argv = argv[1], argv[2:]
     names = argv or list(FAMILIES)
     if len(names) == 1 and os.environ.get("_RECORD_CHILD"):
         _record(names[0], out)
