@@ -29,6 +29,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from stepstream.api.auth import make_guard
 from stepstream.api.deep import deep_router
 from stepstream.api.ingest import Ingest, ingest_router
+from stepstream.api.otlp_http import otlp_router
 from stepstream.api.exports import DEFAULT_MAX_EXPORTS, DEFAULT_WAIT_SECONDS, ExportSlots, Slot
 from stepstream.api.problems import NOT_FOUND, PROBLEM_MEDIA_TYPE, Problem, ProblemError, encode, problem
 from stepstream.api.steps import steps_router
@@ -215,7 +216,8 @@ def create_app(
     request waits up to ``export_wait_seconds`` for a slot, then gets 503. The run
     viewer (``api.ui``) is served under ``/ui``; ``live`` bounds its live streams. With
     ``ingest``, ``POST /v1/companies/{company}/events`` writes events (``api.ingest``);
-    its event log stays the caller's to start and close."""
+    its event log stays the caller's to start and close; with its ``otlp_topic`` too,
+    ``POST /v1/traces`` exports OTLP to that topic (``api.otlp_http``)."""
     guards = [make_guard(tokens)]
     slots = ExportSlots(max_exports, export_wait_seconds, metrics)
     pages = viewer(steps, deep, tokens, slots, live)
@@ -233,6 +235,8 @@ def create_app(
     handlers: list[Any] = [healthz, metrics_text, steps_router(steps, guards), deep_router(deep, deep, steps, guards, slots)]
     if ingest is not None:
         handlers.append(ingest_router(ingest, guards))
+        if ingest.otlp_topic:
+            handlers.append(otlp_router(ingest, ingest.otlp_topic, guards))
     litestar = Litestar(
         route_handlers=[*handlers, pages.router],
         template_config=pages.template_config,

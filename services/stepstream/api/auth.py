@@ -6,7 +6,9 @@ Order of the checks, and why:
 2. an unknown, malformed or revoked token: 401 with ``error="invalid_token"``;
 3. the token's company is not the path's company: 404, the same bytes as a
    missing run (:data:`~stepstream.api.problems.NOT_FOUND`), so a token never
-   learns whether another company exists;
+   learns whether another company exists; a route whose ``opt["company"]`` is
+   ``"token"`` (``POST /v1/traces``) has no company in its path: the token's company
+   is put in ``connection.state.company`` for it instead;
 4. the token lacks the route's scope: 403 with ``error="insufficient_scope"``.
 
 The guard runs before path and query parameters are validated, so an anonymous
@@ -57,7 +59,9 @@ def make_guard(registry: TokenRegistry) -> Any:
         info = connection.scope.get("stepstream")
         if info is not None:
             info.token_id = principal.token_id
-        if connection.path_params.get("company") != principal.company:
+        if route_handler.opt.get("company") == "token":
+            connection.state.company = principal.company  # a route without a company in its path
+        elif connection.path_params.get("company") != principal.company:
             raise ProblemError(NOT_FOUND)
         needed = route_handler.opt.get("scope")
         if needed is None:

@@ -18,7 +18,7 @@ from stepstream.errors import StepstreamError
 
 __all__ = ["EventLog", "LogUnavailable", "MemoryEventLog", "Record"]
 
-Record = tuple[bytes, bytes]  # (key, value)
+Record = tuple[bytes | None, bytes]  # (key, value); a None key: any partition
 
 
 class LogUnavailable(StepstreamError):
@@ -35,20 +35,29 @@ class LogUnavailable(StepstreamError):
 
 
 class EventLog(Protocol):
-    async def append(self, records: Sequence[Record]) -> None:
-        """Return once every record is durable, in order per key; else raise
-        :class:`LogUnavailable`."""
+    async def append(
+        self, records: Sequence[Record], *, topic: str | None = None, headers: Sequence[tuple[str, bytes]] = ()
+    ) -> None:
+        """Return once every record is durable (in ``topic``, default the raw topic,
+        each with ``headers``), in order per key; else raise :class:`LogUnavailable`."""
         ...
 
 
 class MemoryEventLog:
-    """Appends to a list; ``unavailable`` makes every append raise."""
+    """Appends to a list (and, with a ``topic`` or ``headers``, to ``sent`` as
+    ``(topic, headers, record)``); ``unavailable`` makes every append raise."""
 
     def __init__(self) -> None:
         self.records: list[Record] = []
+        self.sent: list[tuple[str | None, tuple[tuple[str, bytes], ...], Record]] = []
         self.unavailable = False
 
-    async def append(self, records: Sequence[Record]) -> None:
+    async def append(
+        self, records: Sequence[Record], *, topic: str | None = None, headers: Sequence[tuple[str, bytes]] = ()
+    ) -> None:
         if self.unavailable:
             raise LogUnavailable("the log is unavailable", cause="unavailable", retry_after=1)
-        self.records.extend(records)
+        if topic is None and not headers:
+            self.records.extend(records)
+        else:
+            self.sent.extend((topic, tuple(headers), record) for record in records)

@@ -80,6 +80,13 @@ class Ingest:
     buckets: CompanyBuckets
     limits: IngestLimits
     metrics: IngestMetrics
+    # With a topic, ``POST /v1/traces`` (api/otlp_http.py) produces OTLP to it.
+    otlp_topic: str = ""
+    # Ingest requests being served, both routes together (``limits.max_requests``).
+    slots: asyncio.Semaphore = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "slots", asyncio.Semaphore(self.limits.max_requests))
 
 
 class Accepted(msgspec.Struct, kw_only=True):
@@ -127,8 +134,7 @@ def _refuse(status: int, detail: str, headers: dict[str, str] | None = None) -> 
 
 def ingest_router(ingest: Ingest, guards: list[object]) -> Router:
     """The route over ``ingest`` (module docstring), behind ``guards``."""
-    event_log, buckets, limits, metrics = ingest.event_log, ingest.buckets, ingest.limits, ingest.metrics
-    slots = asyncio.Semaphore(limits.max_requests)
+    event_log, buckets, limits, metrics, slots = ingest.event_log, ingest.buckets, ingest.limits, ingest.metrics, ingest.slots
 
     def refused(outcome: str, status: int, detail: str, headers: dict[str, str] | None = None) -> ProblemError:
         metrics.requests.labels(outcome).inc()

@@ -187,16 +187,21 @@ class KafkaEventLog:
         self._inflight -= size
         self._metrics.inflight_bytes.set(self._inflight)
 
-    async def append(self, records: Sequence[Record]) -> None:
-        """Send ``records`` in order and return once each is acknowledged (module
-        docstring). Each key's partition is Kafka's default partitioner's
-        (:class:`CachedPartitioner`)."""
+    async def append(
+        self, records: Sequence[Record], *, topic: str | None = None, headers: Sequence[tuple[str, bytes]] = ()
+    ) -> None:
+        """Send ``records`` in order, to ``topic`` (default: the raw topic) with
+        ``headers`` on each, and return once each is acknowledged (module docstring).
+        Each key's partition is Kafka's default partitioner's (:class:`CachedPartitioner`;
+        a ``None`` key: aiokafka's random partition)."""
         from aiokafka.errors import KafkaError, KafkaTimeoutError
 
         producer = self._producer
         if producer is None:
             raise LogUnavailable("Kafka is not connected", cause="unavailable", retry_after=2)
-        sizes = [len(key) + len(value) for key, value in records]
+        target = topic or self.topic
+        extra = sum(len(name) + len(value) for name, value in headers)
+        sizes = [len(key or b"") + len(value) + extra for key, value in records]
         total = sum(sizes)
         if self._inflight + total > self._max_inflight and self._inflight > 0:
             raise LogUnavailable("the producer is full", cause="full", retry_after=1)
@@ -208,7 +213,7 @@ class KafkaEventLog:
         try:
             async with asyncio.timeout(self._timeout):
                 for (key, value), size in zip(records, sizes, strict=True):
-                    delivery = await producer.send(self.topic, value, key=key)
+                    delivery = await producer.send(target, value, key=key, headers=list(headers) or None)
                     unsent -= size
                     delivery.add_done_callback(_settled(self, size))
                     deliveries.append(delivery)

@@ -40,7 +40,7 @@ def build_ingest(settings: Settings, metrics: ApiMetrics) -> Ingest:
         max_requests=settings.ingest_max_requests,
     )
     buckets = CompanyBuckets(settings.ingest_rate_events, settings.ingest_burst_events)
-    return Ingest(event_log, buckets, limits, ingest_metrics)
+    return Ingest(event_log, buckets, limits, ingest_metrics, otlp_topic=settings.otlp_topic)
 
 
 async def serve(settings: Settings) -> None:

@@ -1,0 +1,144 @@
+"""``POST /v1/traces``: OTLP/HTTP trace export, produced to the OTLP topic under the token's company.
+
+Mounted with the ingest route (``stepstream api --ingest``) when ``STEPSTREAM_OTLP_TOPIC``
+is set; without it the path is not mounted (404, as every unknown path). It shares the
+ingest route's token guard (``ingest`` scope; the company is the token's, there is none
+in the path), its per-company token bucket (counted in spans), its concurrency slots and
+its producer (:class:`~stepstream.api.kafka_log.KafkaEventLog`).
+
+The request is produced *as received* (inflated) to the OTLP topic with no key, one
+Kafka record per request, with the header ``stepstream-company`` set to the token's
+company. The worker (``ingest/otlp_bridge.py``) trusts that header before any resource
+attribute, so a request can never land spans in another company than its token's.
+
+In this order, and nothing of a refused request is produced:
+
+=====  ==========================  =============================================================
+code   reason (metric ``outcome``)  when
+=====  ==========================  =============================================================
+415    ``otlp_media_type``          neither ``application/x-protobuf`` nor ``application/json``
+415    ``otlp_encoding``            a ``Content-Encoding`` other than ``gzip`` / ``identity``
+503    ``busy``                     ``max_requests`` ingest requests are being served (``Retry-After: 1``)
+429    ``rate``                     the company's bucket is empty (``Retry-After``), before the body is read
+413    ``body_too_large``           ``Content-Length`` or the bytes received pass ``max_body_bytes``
+413    ``otlp_too_large``           the body inflates past ``max_event_bytes`` (one Kafka record)
+400    ``otlp_bad_gzip``            not valid gzip
+400    ``otlp_bad_otlp``            not an export request in the declared form
+413    ``otlp_too_many_spans``      more than ``max_events`` spans
+429    ``rate``                     the bucket holds fewer events than the request has spans
+503    ``unavailable`` / ``full``   the broker is away, did not acknowledge in time, or the producer
+       / ``timeout``                is full (``Retry-After``); the spans are given back to the bucket
+200    ``otlp_accepted``            the broker acknowledged the record: ``ExportTraceServiceResponse``
+                                    in the request's encoding, a partial success naming the spans
+                                    the worker will dead-letter (``no_trace_id``)
+=====  ==========================  =============================================================
+
+Refusals are RFC 9457 problems (``application/problem+json``), as on every other
+route; OTLP exporters act on the status code and ``Retry-After`` (429 and 503 are
+retried, 400 and 413 are not). A request with no span is answered 200 and produces nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from litestar import Request, Response, Router, post
+from litestar.exceptions.http_exceptions import RequestEntityTooLarge
+from litestar.openapi.spec import OpenAPIMediaType, Operation, RequestBody, Schema
+
+from stepstream.api.event_log import LogUnavailable
+from stepstream.api.ingest import Ingest
+from stepstream.api.otlp_body import JSON, PROTOBUF, BodyRefused, inflate, read_request, response
+from stepstream.api.problems import GUARDED, ProblemError, problem, problem_responses
+from stepstream.api.ratelimit import retry_after
+from stepstream.otlp.identity import COMPANY_HEADER
+
+__all__ = ["otlp_router"]
+
+_STATUS = {"encoding": 415, "too_large": 413, "bad_gzip": 400, "bad_otlp": 400, "too_many_spans": 413}
+
+
+@dataclass
+class _Operation(Operation):
+    request_body: Any = field(default=None)
+
+    def __post_init__(self) -> None:
+        request = Schema(type="object", description="an OTLP ExportTraceServiceRequest")  # type: ignore[arg-type]
+        self.request_body = RequestBody(
+            required=True,
+            description="An OTLP trace export request (optionally Content-Encoding: gzip)",
+            content={
+                PROTOBUF: OpenAPIMediaType(schema=Schema(type="string", format="binary")),  # type: ignore[arg-type]
+                JSON: OpenAPIMediaType(schema=request),  # type: ignore[arg-type]
+            },
+        )
+
+
+def otlp_router(ingest: Ingest, topic: str, guards: list[object]) -> Router:
+    """``POST /v1/traces`` over ``ingest``'s producer and buckets, to ``topic``."""
+    event_log, buckets, limits, metrics, slots = ingest.event_log, ingest.buckets, ingest.limits, ingest.metrics, ingest.slots
+
+    def refused(outcome: str, status: int, detail: str, headers: dict[str, str] | None = None) -> ProblemError:
+        metrics.requests.labels(outcome).inc()
+        return ProblemError(problem(status, detail), headers)
+
+    @post(
+        "/traces",
+        opt={"scope": "ingest", "company": "token", "query": ()},
+        status_code=200,
+        summary="Export OTLP traces (OTLP/HTTP)",
+        operation_id="postTraces",
+        request_max_body_size=limits.max_body_bytes,
+        operation_class=_Operation,
+        media_type=PROTOBUF,
+        responses={**problem_responses(400, 413, 415, 429, *GUARDED)},
+    )
+    async def post_traces(request: Request[Any, Any, Any]) -> Response[bytes]:
+        """An OTLP ``ExportTraceServiceRequest`` (``application/x-protobuf`` or
+        ``application/json``, optionally gzip), produced to the OTLP topic with the
+        token's company as its ``stepstream-company`` header; 200 (an
+        ``ExportTraceServiceResponse`` in the request's encoding) only once the broker
+        acknowledged it."""
+        company: str = request.state.company
+        media = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+        if media not in (PROTOBUF, JSON):
+            raise refused("otlp_media_type", 415, f"the body must be {PROTOBUF} or {JSON}")
+        encoding = request.headers.get("content-encoding", "")
+        if encoding.strip().lower() not in ("", "identity", "gzip"):
+            raise refused("otlp_encoding", 415, "Content-Encoding must be gzip or identity")
+        if slots.locked():
+            raise refused("busy", 503, "too many ingest requests at once", {"Retry-After": "1"})
+        async with slots:
+            wait = buckets.wait_for(company)
+            if wait > 0:
+                raise refused("rate", 429, "the company's event rate is exhausted", {"Retry-After": retry_after(wait)})
+            chunks: list[bytes] = []
+            try:
+                async for chunk in request.stream():
+                    chunks.append(chunk)
+            except RequestEntityTooLarge:
+                raise refused("body_too_large", 413, f"the body is larger than {limits.max_body_bytes} bytes") from None
+            try:
+                data = inflate(b"".join(chunks), encoding, limits.max_event_bytes)
+                decoded = read_request(data, media, limits.max_events)
+            except BodyRefused as exc:
+                raise refused("otlp_" + exc.reason, _STATUS[exc.reason], exc.detail) from None
+            spans = len(decoded.spans) + len(decoded.rejected)
+            if spans:
+                wait = buckets.take(company, spans)
+                if wait > 0:
+                    raise refused("rate", 429, "the company's event rate is exhausted", {"Retry-After": retry_after(wait)})
+                try:
+                    await event_log.append([(None, data)], topic=topic, headers=[(COMPANY_HEADER, company.encode())])
+                except LogUnavailable as exc:
+                    buckets.give_back(company, spans)
+                    raise refused(exc.cause, 503, "the event log is unavailable",
+                                  {"Retry-After": retry_after(exc.retry_after)}) from None  # fmt: skip
+        metrics.requests.labels("otlp_accepted").inc()
+        metrics.bytes.inc(len(data))
+        rejected = len(decoded.rejected)
+        message = f"{rejected} span(s) without a valid trace or span id" if rejected else ""
+        return Response(response(media, rejected, message), media_type=media, status_code=200)
+
+    return Router("/v1", route_handlers=[post_traces], guards=guards, security=[{"bearer": []}], tags=["ingest"])  # type: ignore[arg-type]
