@@ -46,8 +46,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def render_openapi() -> str:
-    """The API's OpenAPI document, as ``stepstream api --ingest`` serves it at ``/openapi.json``
-    (without ``--ingest`` the document lacks the ingest route)."""
+    """The API's OpenAPI document, as ``stepstream api --ingest`` with ``STEPSTREAM_OTLP_TOPIC``
+    serves it at ``/openapi.json`` (without ``--ingest`` the document lacks the ingest
+    routes; without the topic, ``POST /v1/traces``)."""
     from stepstream.api.app import create_app
     from stepstream.api.event_log import MemoryEventLog
     from stepstream.api.ingest import Ingest, IngestLimits
@@ -57,7 +58,7 @@ def render_openapi() -> str:
     from stepstream.sinks.memory import MemoryDeepStore, MemoryStepStore
 
     metrics = ApiMetrics()
-    ingest = Ingest(MemoryEventLog(), CompanyBuckets(0, 0), IngestLimits(), IngestMetrics(metrics.registry))
+    ingest = Ingest(MemoryEventLog(), CompanyBuckets(0, 0), IngestLimits(), IngestMetrics(metrics.registry), otlp_topic="otlp")
     app = create_app(MemoryStepStore(), MemoryDeepStore(), TokenRegistry(Path("/nonexistent")), metrics, ingest=ingest)
     return json.dumps(app.litestar.openapi_schema.to_schema(), indent=2, sort_keys=True, ensure_ascii=False) + "\n"
 

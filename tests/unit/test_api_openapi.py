@@ -25,6 +25,7 @@ def test_openapi_has_exactly_the_contract_routes():
         ("/v1/companies/{company}/deep", "delete"),
         ("/v1/companies/{company}/runs/{run_id}/trace.sftrace", "get"),
         ("/v1/companies/{company}/events", "post"),
+        ("/v1/traces", "post"),
         ("/metrics", "get"),
         ("/healthz", "get"),
     }

@@ -24,6 +24,14 @@ def build_ingest(settings: Settings, metrics: ApiMetrics) -> Ingest:
     from stepstream.api.ratelimit import CompanyBuckets
     from stepstream.ingest.dead_letters import max_request_bytes
 
+    if settings.otlp_topic:  # POST /v1/traces decodes otlp_proto: refuse to start without the extra
+        from stepstream.errors import ConfigError
+        from stepstream.otlp.decode import protobuf_backend
+
+        try:
+            protobuf_backend()
+        except ImportError as exc:
+            raise ConfigError(f"STEPSTREAM_OTLP_TOPIC is set: {exc}") from None
     ingest_metrics = IngestMetrics(metrics.registry)
     event_log = KafkaEventLog(
         settings.kafka,
