@@ -50,11 +50,24 @@ from litestar.openapi.spec import OpenAPIMediaType, Operation, RequestBody, Sche
 from stepstream.api.event_log import LogUnavailable
 from stepstream.api.ingest import Ingest
 from stepstream.api.otlp_body import JSON, PROTOBUF, BodyRefused, inflate, read_request, response
-from stepstream.api.problems import GUARDED, ProblemError, problem, problem_responses
+from stepstream.api.problems import PROBLEM_MEDIA_TYPE, Problem, ProblemError, problem, problem_responses
 from stepstream.api.ratelimit import retry_after
 from stepstream.otlp.identity import COMPANY_HEADER
 
 __all__ = ["otlp_router"]
+
+def _own(description: str) -> object:
+    from litestar.openapi.datastructures import ResponseSpec
+
+    return ResponseSpec(data_container=Problem, media_type=PROBLEM_MEDIA_TYPE, description=description, generate_examples=False)
+
+
+# The route's own problems (the guard's 404 cannot happen: the company is the token's).
+_OWN_RESPONSES = {
+    400: _own("Not valid gzip, or not an OTLP export request in the declared form"),
+    413: _own("The body, its inflated size or its number of spans is over the route's bound"),
+    415: _own("The body is neither application/x-protobuf nor application/json, or its Content-Encoding is not gzip"),
+}
 
 _STATUS = {"encoding": 415, "too_large": 413, "bad_gzip": 400, "bad_otlp": 400, "too_many_spans": 413}
 
@@ -92,7 +105,7 @@ def otlp_router(ingest: Ingest, topic: str, guards: list[object]) -> Router:
         request_max_body_size=limits.max_body_bytes,
         operation_class=_Operation,
         media_type=PROTOBUF,
-        responses={**problem_responses(400, 413, 415, 429, *GUARDED)},
+        responses={**problem_responses(401, 403, 429, 503), **_OWN_RESPONSES},
     )
     async def post_traces(request: Request[Any, Any, Any]) -> Response[bytes]:
         """An OTLP ``ExportTraceServiceRequest`` (``application/x-protobuf`` or
