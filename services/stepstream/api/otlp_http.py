@@ -148,8 +148,8 @@ def otlp_router(ingest: Ingest, topic: str, guards: list[object]) -> Router:
                     buckets.give_back(company, spans)
                     raise refused(exc.cause, 503, "the event log is unavailable",
                                   {"Retry-After": retry_after(exc.retry_after)}) from None  # fmt: skip
+                metrics.bytes.inc(len(data))
         metrics.requests.labels("otlp_accepted").inc()
-        metrics.bytes.inc(len(data))
         rejected = len(decoded.rejected)
         message = f"{rejected} span(s) without a valid trace or span id" if rejected else ""
         return Response(response(media, rejected, message), media_type=media, status_code=200)
