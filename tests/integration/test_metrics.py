@@ -8,7 +8,7 @@ Two metrics cannot move in a worker and are read here otherwise, said so in
 ``NOT_FROM_THE_WORKER``: the compactor's families, and a clip at the deep
 port needs a body the engine did not clip (the worker's engine clips to the same
 caps first), which the service test ``test_port_clips_reach_the_metrics_page``
-covers.
+covers. The OTLP stage's counter moves only with an OTLP topic: its own tests read it.
 """
 
 from __future__ import annotations
@@ -41,6 +41,9 @@ NOT_FROM_THE_WORKER = {
         "stepstream_compactor_last_success_timestamp_seconds", "stepstream_compactor_errors",
     )
 }  # fmt: skip
+# Counted only when the worker reads an OTLP topic: tests/integration/test_otlp_worker.py
+# and test_otel_collector.py check that it moves.
+NOT_FROM_THE_WORKER["stepstream_otlp"] = "the OTLP topic stage (test_otlp_worker.py)"
 
 
 def event(kind: str, run: str, seq: int, **payload: Any) -> wire.Event:
