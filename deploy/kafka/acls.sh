@@ -6,7 +6,7 @@
 #   deploy/kafka/acls.sh [--bootstrap HOST:PORT] [--command-config FILE]
 #                        [--topic RAW] [--dlq DLQ] [--group GROUP] [--prefixed]
 #                        [--agents PRINCIPAL] [--worker PRINCIPAL] [--compactor PRINCIPAL]
-#                        [--worker-creates-topics] [--api-ingest PRINCIPAL] [--apply]
+#                        [--worker-creates-topics] [--api-ingest PRINCIPAL] [--otlp-topic OTLP] [--apply]
 #
 # Defaults: --topic stepstream.events, --dlq RAW.dlq, --group stepstream-worker (the
 # worker's app id), principals User:agents, User:worker, User:compactor. --prefixed
@@ -14,14 +14,16 @@
 # means literal names). --worker-creates-topics also lets the worker CREATE both topics
 # (else run it with --no-create-topics and let an admin create them). The API needs no
 # ACL, unless it serves the ingest route (stepstream api --ingest): --api-ingest
-# PRINCIPAL grants that principal WRITE on the raw topic, like the agents. --apply
+# PRINCIPAL grants that principal WRITE on the raw topic, like the agents. --otlp-topic
+# OTLP (STEPSTREAM_OTLP_TOPIC) lets the worker READ it, and the --api-ingest principal
+# WRITE it (POST /v1/traces); an OpenTelemetry Collector writing to it needs WRITE too. --apply
 # runs each command with the Kafka jars kafka.sh fetched (KAFKA_LIBS, or the cache);
 # FILE holds the admin client's settings (security.protocol, sasl.*, ssl.*).
 set -euo pipefail
 
 bootstrap="127.0.0.1:9092" command_config="" topic="stepstream.events" dlq="" group="stepstream-worker"
 agents="User:agents" worker="User:worker" compactor="User:compactor"
-pattern="literal" creates=0 apply=0 api=""
+pattern="literal" creates=0 apply=0 api="" otlp=""
 while (($#)); do
     case "$1" in
         --bootstrap) bootstrap="${2:?}"; shift 2 ;;
@@ -35,8 +37,9 @@ while (($#)); do
         --prefixed) pattern="prefixed"; shift ;;
         --worker-creates-topics) creates=1; shift ;;
         --api-ingest) api="${2:?}"; shift 2 ;;
+        --otlp-topic) otlp="${2:?}"; shift 2 ;;
         --apply) apply=1; shift ;;
-        -h|--help) sed -n '2,22s/^# \{0,1\}//p' "${BASH_SOURCE[0]}"; exit 0 ;;
+        -h|--help) sed -n '2,24s/^# \{0,1\}//p' "${BASH_SOURCE[0]}"; exit 0 ;;
         *) echo "acls.sh: unknown argument: $1" >&2; exit 2 ;;
     esac
 done
@@ -59,6 +62,12 @@ note " worker ($worker): READ on the raw topic and its group, WRITE on the dead-
 grant --allow-principal "$worker" --operation Read "${named[@]}" --topic "$topic" --group "$group"
 grant --allow-principal "$worker" --operation Write "${named[@]}" --topic "$dlq"
 grant --allow-principal "$worker" --operation IdempotentWrite --cluster
+if [[ -n "$otlp" ]]; then
+    note " worker: READ on the OTLP topic (STEPSTREAM_OTLP_TOPIC), in the same group, and WRITE on the raw"
+    note " topic: its OTLP stage republishes one record per span event there (docs/otel.md)."
+    grant --allow-principal "$worker" --operation Read "${named[@]}" --topic "$otlp"
+    grant --allow-principal "$worker" --operation Write "${named[@]}" --topic "$topic"
+fi
 if ((creates)); then
     note " worker: CREATE both topics (without it: stepstream worker --no-create-topics)."
     grant --allow-principal "$worker" --operation Create "${named[@]}" --topic "$topic" --topic "$dlq"
@@ -70,6 +79,10 @@ if [[ -n "$api" ]]; then
     note " api ($api), serving the ingest route (stepstream api --ingest): WRITE on the raw topic, as the agents."
     grant --allow-principal "$api" --operation Write "${named[@]}" --topic "$topic"
     grant --allow-principal "$api" --operation IdempotentWrite --cluster
+    if [[ -n "$otlp" ]]; then
+        note " api: WRITE on the OTLP topic (POST /v1/traces)."
+        grant --allow-principal "$api" --operation Write "${named[@]}" --topic "$otlp"
+    fi
 else
     note " api: none (it reads the stores, not Kafka; with --ingest see --api-ingest)."
 fi
