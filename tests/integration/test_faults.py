@@ -312,18 +312,26 @@ async def test_sigterm_mid_batch_exits_0_and_commits_exactly_the_durable_waterma
     await scenario.create_topics()
     plan = scenario.tmp / "faults.json"
     write_plan(plan, {"rules": []})
-    worker = scenario.start_worker(STEPSTREAM_FAULT_PLAN=str(plan))
+    # Batches of 500 (group commit grows one to at most 2,000 while a write is in flight):
+    # while the write hangs, the fold fills its batch and stops, so records of the second
+    # half are still undelivered at SIGTERM, whatever the machine's speed. With the default
+    # 5,000 the whole second half fit in the open batch and the stop made all of it durable.
+    worker = scenario.start_worker(STEPSTREAM_FAULT_PLAN=str(plan), STEPSTREAM_BATCH_RECORDS="500")
     half = len(events) // 2
     await scenario.produce(events[:half])
     await asyncio.to_thread(worker.wait_web)
     await wait_for(lambda: worker.metric_sum("stepstream_events_total") > 0, 60, "the worker to process")
-    hang = 3.0
+    # Long enough that SIGTERM lands inside the hang even when a loaded machine is slow
+    # to notice it began (3 s was not: the hang ended first and everything was durable).
+    hang = 8.0
     write_plan(plan, {"rules": [{"store": "steps", "op": "write", "action": "hang", "seconds": hang, "count": 1}]})
     await scenario.produce(events[half:])
-    await wait_for(lambda: read_log(plan), 30, "a step write to hang")
+    await wait_for(lambda: read_log(plan), 30, "a step write to hang", interval=0.05)
+    noticed = time.monotonic()
     await asyncio.sleep(0.5)
     worker.terminate()
     sent = time.monotonic()
+    assert sent - noticed < hang - 2.0, f"SIGTERM {sent - noticed:.1f}s after the hang was seen: not mid-batch"
     rc = await asyncio.to_thread(worker.wait_exit, 60)
     took = time.monotonic() - sent
     assert rc == 0, f"exit status {rc} after SIGTERM:\n{worker.tail()}"
