@@ -35,6 +35,8 @@ so a request lands once downstream however often it is retried.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -88,6 +90,50 @@ class Ingest:
     def __post_init__(self) -> None:
         object.__setattr__(self, "slots", asyncio.Semaphore(self.limits.max_requests))
 
+    # What both routes do alike (this one and ``POST /v1/traces``), in the order of the
+    # module docstring's table.
+
+    def refused(self, outcome: str, status: int, detail: str, headers: dict[str, str] | None = None) -> ProblemError:
+        """The problem to raise, counted under ``outcome``."""
+        self.metrics.requests.labels(outcome).inc()
+        return ProblemError(problem(status, detail), headers)
+
+    @asynccontextmanager
+    async def slot(self, company: str) -> AsyncIterator[None]:
+        """One of ``max_requests`` (503 ``busy`` when none is free), then 429 ``rate``
+        when the company's bucket is already empty, before the body is read."""
+        if self.slots.locked():
+            raise self.refused("busy", 503, "too many ingest requests at once", {"Retry-After": "1"})
+        async with self.slots:
+            self._rate(self.buckets.wait_for(company))
+            yield
+
+    async def read_body(self, request: Request[Any, Any, Any]) -> bytes:
+        """The whole body, or 413 ``body_too_large`` as soon as it passes ``max_body_bytes``."""
+        chunks: list[bytes] = []
+        try:
+            async for chunk in request.stream():
+                chunks.append(chunk)
+        except RequestEntityTooLarge:
+            raise self.refused("body_too_large", 413, f"the body is larger than {self.limits.max_body_bytes} bytes") from None
+        return b"".join(chunks)
+
+    async def produce(self, company: str, count: int, append: Callable[[], Awaitable[None]]) -> None:
+        """Take ``count`` from the company's bucket (429 ``rate`` when it holds fewer),
+        then ``append``; a 503 when the log is unavailable gives them back."""
+        self._rate(self.buckets.take(company, count))
+        try:
+            await append()
+        except LogUnavailable as exc:
+            self.buckets.give_back(company, count)
+            raise self.refused(
+                exc.cause, 503, "the event log is unavailable", {"Retry-After": retry_after(exc.retry_after)}
+            ) from None
+
+    def _rate(self, wait: float) -> None:
+        if wait > 0:
+            raise self.refused("rate", 429, "the company's event rate is exhausted", {"Retry-After": retry_after(wait)})
+
 
 class Accepted(msgspec.Struct, kw_only=True):
     """The broker acknowledged every event of the request."""
@@ -128,26 +174,9 @@ class _Operation(Operation):
         )
 
 
-def _refuse(status: int, detail: str, headers: dict[str, str] | None = None) -> ProblemError:
-    return ProblemError(problem(status, detail), headers)
-
-
 def ingest_router(ingest: Ingest, guards: list[object]) -> Router:
     """The route over ``ingest`` (module docstring), behind ``guards``."""
-    event_log, buckets, limits, metrics, slots = ingest.event_log, ingest.buckets, ingest.limits, ingest.metrics, ingest.slots
-
-    def refused(outcome: str, status: int, detail: str, headers: dict[str, str] | None = None) -> ProblemError:
-        metrics.requests.labels(outcome).inc()
-        return _refuse(status, detail, headers)
-
-    async def read_body(request: Request[Any, Any, Any]) -> bytes:
-        chunks: list[bytes] = []
-        try:
-            async for chunk in request.stream():
-                chunks.append(chunk)
-        except RequestEntityTooLarge:
-            raise refused("body_too_large", 413, f"the body is larger than {limits.max_body_bytes} bytes") from None
-        return b"".join(chunks)
+    event_log, limits, metrics, refused = ingest.event_log, ingest.limits, ingest.metrics, ingest.refused
 
     @post(
         "/events",
@@ -169,13 +198,8 @@ def ingest_router(ingest: Ingest, guards: list[object]) -> Router:
         media = request.headers.get("content-type", "").partition(";")[0].strip().lower()
         if media not in (NDJSON, JSON):
             raise refused("media_type", 415, f"the body must be {NDJSON} or {JSON}")
-        if slots.locked():
-            raise refused("busy", 503, "too many ingest requests at once", {"Retry-After": "1"})
-        async with slots:
-            wait = buckets.wait_for(company)
-            if wait > 0:
-                raise refused("rate", 429, "the company's event rate is exhausted", {"Retry-After": retry_after(wait)})
-            body = await read_body(request)
+        async with ingest.slot(company):
+            body = await ingest.read_body(request)
             try:
                 records = read_events(
                     body, media, company, max_event_bytes=limits.max_event_bytes, max_events=limits.max_events
@@ -195,14 +219,7 @@ def ingest_router(ingest: Ingest, guards: list[object]) -> Router:
                 raise _lines_problem(exc) from None
             if not records:
                 raise refused("empty", 400, "the body holds no event")
-            wait = buckets.take(company, len(records))
-            if wait > 0:
-                raise refused("rate", 429, "the company's event rate is exhausted", {"Retry-After": retry_after(wait)})
-            try:
-                await event_log.append(records)
-            except LogUnavailable as exc:
-                buckets.give_back(company, len(records))
-                raise refused(exc.cause, 503, "the event log is unavailable", {"Retry-After": retry_after(exc.retry_after)}) from None
+            await ingest.produce(company, len(records), lambda: event_log.append(records))
         metrics.requests.labels("accepted").inc()
         metrics.events.inc(len(records))
         metrics.bytes.inc(sum(len(value) for _, value in records))

@@ -44,14 +44,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from litestar import Request, Response, Router, post
-from litestar.exceptions.http_exceptions import RequestEntityTooLarge
 from litestar.openapi.spec import OpenAPIMediaType, Operation, RequestBody, Schema
 
-from stepstream.api.event_log import LogUnavailable
 from stepstream.api.ingest import Ingest
 from stepstream.api.otlp_body import JSON, PROTOBUF, BodyRefused, inflate, read_request, response
-from stepstream.api.problems import PROBLEM_MEDIA_TYPE, Problem, ProblemError, problem, problem_responses
-from stepstream.api.ratelimit import retry_after
+from stepstream.api.problems import PROBLEM_MEDIA_TYPE, Problem, problem_responses
 from stepstream.otlp.identity import COMPANY_HEADER
 
 __all__ = ["otlp_router"]
@@ -90,11 +87,7 @@ class _Operation(Operation):
 
 def otlp_router(ingest: Ingest, topic: str, guards: list[object]) -> Router:
     """``POST /v1/traces`` over ``ingest``'s producer and buckets, to ``topic``."""
-    event_log, buckets, limits, metrics, slots = ingest.event_log, ingest.buckets, ingest.limits, ingest.metrics, ingest.slots
-
-    def refused(outcome: str, status: int, detail: str, headers: dict[str, str] | None = None) -> ProblemError:
-        metrics.requests.labels(outcome).inc()
-        return ProblemError(problem(status, detail), headers)
+    event_log, limits, metrics, refused = ingest.event_log, ingest.limits, ingest.metrics, ingest.refused
 
     @post(
         "/traces",
@@ -120,34 +113,17 @@ def otlp_router(ingest: Ingest, topic: str, guards: list[object]) -> Router:
         encoding = request.headers.get("content-encoding", "")
         if encoding.strip().lower() not in ("", "identity", "gzip"):
             raise refused("otlp_encoding", 415, "Content-Encoding must be gzip or identity")
-        if slots.locked():
-            raise refused("busy", 503, "too many ingest requests at once", {"Retry-After": "1"})
-        async with slots:
-            wait = buckets.wait_for(company)
-            if wait > 0:
-                raise refused("rate", 429, "the company's event rate is exhausted", {"Retry-After": retry_after(wait)})
-            chunks: list[bytes] = []
+        async with ingest.slot(company):
+            body = await ingest.read_body(request)
             try:
-                async for chunk in request.stream():
-                    chunks.append(chunk)
-            except RequestEntityTooLarge:
-                raise refused("body_too_large", 413, f"the body is larger than {limits.max_body_bytes} bytes") from None
-            try:
-                data = inflate(b"".join(chunks), encoding, limits.max_event_bytes)
+                data = inflate(body, encoding, limits.max_event_bytes)
                 decoded = read_request(data, media, limits.max_events)
             except BodyRefused as exc:
                 raise refused("otlp_" + exc.reason, _STATUS[exc.reason], exc.detail) from None
             spans = len(decoded.spans) + len(decoded.rejected)
             if spans:
-                wait = buckets.take(company, spans)
-                if wait > 0:
-                    raise refused("rate", 429, "the company's event rate is exhausted", {"Retry-After": retry_after(wait)})
-                try:
-                    await event_log.append([(None, data)], topic=topic, headers=[(COMPANY_HEADER, company.encode())])
-                except LogUnavailable as exc:
-                    buckets.give_back(company, spans)
-                    raise refused(exc.cause, 503, "the event log is unavailable",
-                                  {"Retry-After": retry_after(exc.retry_after)}) from None  # fmt: skip
+                headers = [(COMPANY_HEADER, company.encode())]
+                await ingest.produce(company, spans, lambda: event_log.append([(None, data)], topic=topic, headers=headers))
                 metrics.bytes.inc(len(data))
         metrics.requests.labels("otlp_accepted").inc()
         rejected = len(decoded.rejected)
