@@ -54,7 +54,7 @@ from stepstream.ingest.routing import RouteCheck
 from stepstream.pipeline.ledger import Ledger
 from stepstream.ingest.stopping import StopDeadline, flush_logs, stopping_services, waiting_threads
 from stepstream.kafka.preflight import preflight
-from stepstream.kafka.topics import ensure_topics, max_request_bytes
+from stepstream.kafka.topics import ensure_topics, max_request_bytes, worker_topics
 from stepstream.metrics import Metrics
 from stepstream.pipeline import NotLoaded, Pipeline, StoreFailed
 from stepstream.sinks import open_deep_store, open_step_store
@@ -494,7 +494,7 @@ def _still_stopping(app: faust.App) -> str:
 def run_worker(settings: Settings) -> int:
     """Blocking: create (or check) the topics, then run the faust worker until SIGTERM/SIGINT."""
     # A refused connection or ACL is one line and a non-zero exit now (KafkaRefused), not a retry loop.
-    asyncio.run(preflight(settings.kafka, topics=(settings.topic, settings.dlq, *([settings.otlp_topic] if settings.otlp_topic else [])), group=settings.app_id))
+    asyncio.run(preflight(settings.kafka, topics=worker_topics(settings), group=settings.app_id))
     asyncio.run(ensure_topics(settings, create=settings.create_topics))
     app = create_app(settings)
     worker = faust.Worker(app, loglevel=settings.log_level.upper(), quiet=True)

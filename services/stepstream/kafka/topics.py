@@ -45,6 +45,12 @@ def max_request_bytes(max_event_bytes: int) -> int:
     return max_copy_bytes(max_event_bytes) + BATCH_OVERHEAD_BYTES
 
 
+def worker_topics(settings: Settings) -> tuple[str, ...]:
+    """The topics a worker reads or writes: the raw and dead-letter topics, and the
+    OTLP topic when one is set."""
+    return (settings.topic, settings.dlq, *([settings.otlp_topic] if settings.otlp_topic else []))
+
+
 async def ensure_topics(settings: Settings, *, create: bool = True) -> None:
     """Create the raw and dead-letter topics (and the OTLP topic, when set) with the configured partition count and
     replication factor, the dead-letter topic with ``max.message.bytes`` above its
@@ -63,7 +69,7 @@ async def ensure_topics(settings: Settings, *, create: bool = True) -> None:
     settings.kafka.check_protocol(effective_protocol(admin), "topic administration")
     await admin.start()
     try:
-        names = (settings.topic, settings.dlq, *([settings.otlp_topic] if settings.otlp_topic else []))
+        names = worker_topics(settings)
         if not create:
             await _check_topics(admin, names, settings.partitions)
             return
