@@ -67,6 +67,7 @@ COMMIT_TIMEOUT_SECONDS = 5.0  # a commit on revocation or shutdown; past it the 
 # comes whole), so a fetch of large messages holds about this much per partition
 # assigned, not gigabytes (aiokafka's fetch_max_bytes, 50 MiB, caps one broker's answer).
 FETCH_PARTITION_BYTES = 1_048_576
+PRODUCE_BATCH_BYTES = 524_288
 
 
 def die(reason: str, exc: BaseException | None = None) -> None:
@@ -199,6 +200,8 @@ class IngestWorker:
         A bridged record rides on the open batch, like a dead-lettered one, once the
         broker holds what was produced from it."""
         rest: Records = {}
+        bridged: list[tuple[Any, list[Any]]] = []
+        acknowledgements: list[Any] = []
         for tp, batch in records.items():
             if tp.topic != self.otlp.topic or not batch or not current(tp):
                 rest[tp] = batch
@@ -207,11 +210,16 @@ class IngestWorker:
             if expected is not None:
                 batch = [r for r in batch if r.offset >= expected]  # re-fetched after a seek
             if batch:
-                await self.otlp.handle(batch)
-                self.ledger.delivered(tp, batch[0].offset, batch[-1].offset)
-                assert self.pipeline is not None
-                self.pipeline.settle(len(batch))
-                self.processed += len(batch)
+                acknowledgements.extend(await self.otlp.send(batch))
+                bridged.append((tp, batch))
+        # One wait for every partition's events: the producer sends them in a few
+        # requests, not one round trip per partition.
+        await self.otlp.acknowledged(acknowledgements)
+        assert self.pipeline is not None
+        for tp, batch in bridged:
+            self.ledger.delivered(tp, batch[0].offset, batch[-1].offset)
+            self.pipeline.settle(len(batch))
+            self.processed += len(batch)
         return rest
 
     def _decode(self, tp: Any, records: list[Any]) -> list[tuple[Any, Any, str, str]]:
@@ -388,6 +396,10 @@ def create_app(settings: Settings, metrics: Metrics | None = None) -> faust.App:
         # Above the largest dead-letter copy (ingest/dead_letters.py); faust's default
         # (1,000,000) is below max_event_bytes.
         producer_max_request_size=max_request_bytes(settings.max_event_bytes),
+        # The OTLP stage produces thousands of events per fetch to the raw topic; faust's
+        # default batch (16 KiB, about 35 events) made that one broker round trip per 35
+        # events. Below the raw topic's default max.message.bytes (1 MiB).
+        producer_max_batch_size=PRODUCE_BATCH_BYTES,
         stream_wait_empty=False,
         broker_commit_interval=1.0,
         broker_session_timeout=settings.session_timeout_seconds,
@@ -498,5 +510,10 @@ def run_worker(settings: Settings) -> int:
     asyncio.run(ensure_topics(settings, create=settings.create_topics))
     app = create_app(settings)
     worker = faust.Worker(app, loglevel=settings.log_level.upper(), quiet=True)
+    # faust's startup spinner, at a level of WARN or above, sets the root logger to DEBUG
+    # (and adds a handler that takes every record) for the life of the process: every
+    # driver's debug call (aiokafka's per-message "Sending", aiosqlite's per call) then
+    # builds a LogRecord. Without the spinner the root logger keeps the level we set.
+    worker.spinner = None
     worker.execute_from_commandline()
     return 0

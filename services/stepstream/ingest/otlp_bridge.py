@@ -83,6 +83,14 @@ class OtlpBridge:
     async def handle(self, records: list[Any]) -> None:
         """Bridge ``records`` (one partition's, in order). Returns once the broker holds
         every event made from them; raises :class:`BridgeFailed` otherwise."""
+        await self.acknowledged(await self.send(records))
+
+    async def send(self, records: list[Any]) -> list[Awaitable[Any]]:
+        """Decode, map and hand to the producer the events of ``records`` (one
+        partition's, in order); returns their acknowledgements, for :meth:`acknowledged`
+        (the worker sends every partition of a fetch before it waits, so the producer
+        fills whole batches instead of one round trip per partition). Raises
+        :class:`BridgeFailed` when the producer does not take an event within the budget."""
         acknowledgements: list[Awaitable[Any]] = []
         for record in records:
             value = record.value if record.value is not None else b""
@@ -105,21 +113,27 @@ class OtlpBridge:
                 key = partition_key(company, run)
                 for event in events:
                     acknowledgements.append(await self._send(key, encode_event(event)))
-                    produced += 1
+                produced += len(events)
             self._counted("events", produced)
-        await self._acknowledged(acknowledgements)
+        return acknowledgements
 
     async def _send(self, key: bytes, value: bytes) -> Awaitable[Any]:
+        # A deadline, not asyncio.wait_for: the producer takes most records without
+        # suspending, and wait_for would make a task of every one.
         try:
-            return await asyncio.wait_for(self._produce(key, value), self._budget)
+            async with asyncio.timeout(self._budget):
+                return await self._produce(key, value)
         except Exception as exc:  # noqa: BLE001 - every send failure stops the worker, by policy
             raise BridgeFailed(f"an event made from a span was not sent: {exc!r}") from exc
 
-    async def _acknowledged(self, acknowledgements: list[Awaitable[Any]]) -> None:
+    async def acknowledged(self, acknowledgements: list[Awaitable[Any]]) -> None:
+        """Wait, at most the budget, until the broker acknowledged every one; raises
+        :class:`BridgeFailed` otherwise."""
         if not acknowledgements:
             return
         try:
-            await asyncio.wait_for(asyncio.gather(*acknowledgements), self._budget)
+            async with asyncio.timeout(self._budget):
+                await asyncio.gather(*acknowledgements)
         except Exception as exc:  # noqa: BLE001 - unacknowledged: Kafka rewinds to before these records
             raise BridgeFailed(f"the broker did not acknowledge events made from spans: {exc!r}") from exc
 
