@@ -67,6 +67,11 @@ def envelope(event: Any, limits: Limits, at: str | None = None) -> dict[str, Any
                 "output_tokens": u.output_tokens,
                 "reasoning_tokens": u.reasoning_tokens,
             }
+            # Only when counted: a step without cache tokens keeps the envelope it had.
+            if u.cache_read_input_tokens:
+                env["usage"]["cache_read_input_tokens"] = u.cache_read_input_tokens
+            if u.cache_creation_input_tokens:
+                env["usage"]["cache_creation_input_tokens"] = u.cache_creation_input_tokens
         if p.stop_reason is not None:
             env["stop_reason"] = _label(p.stop_reason)
     elif kind is wire.ToolCall:

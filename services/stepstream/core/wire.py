@@ -60,6 +60,11 @@ class Usage(msgspec.Struct, forbid_unknown_fields=False, omit_defaults=True):
     input_tokens: TokenCount = 0
     output_tokens: TokenCount = 0
     reasoning_tokens: TokenCount = 0
+    # Prompt tokens served from the provider's prompt cache, and written to it (a part of
+    # input_tokens or beside it, as the provider counts them; carried as given). Optional:
+    # an older reader ignores them (forbid_unknown_fields=False).
+    cache_read_input_tokens: TokenCount = 0
+    cache_creation_input_tokens: TokenCount = 0
 
 
 class RunStartPayload(msgspec.Struct, omit_defaults=True):

@@ -122,7 +122,7 @@ class Run:
         self, call_id: str, output: Any, *, usage: dict[str, int] | None = None, stop_reason: str | None = None,
         parent_id: str | None = None,
     ) -> str:  # fmt: skip
-        """``usage``: ``{input_tokens, output_tokens, reasoning_tokens}`` (any of them)."""
+        """``usage``: ``{input_tokens, output_tokens, reasoning_tokens, cache_read_input_tokens, cache_creation_input_tokens}`` (any of them)."""
         payload: dict[str, Any] = {"call_id": call_id, "output": output}
         if usage is not None:
             payload["usage"] = usage

@@ -122,20 +122,36 @@ def _count(value: Any) -> int:
     return 0
 
 
+_USAGE_KEYS = (
+    ("gen_ai.usage.input_tokens", "gen_ai.usage.prompt_tokens", "llm.token_count.prompt"),
+    ("gen_ai.usage.output_tokens", "gen_ai.usage.completion_tokens", "llm.token_count.completion"),
+    ("gen_ai.usage.reasoning_tokens", "gen_ai.usage.reasoning.output_tokens", "llm.token_count.completion_details.reasoning"),
+    (
+        "gen_ai.usage.cache_read.input_tokens",
+        "gen_ai.usage.cache_read_input_tokens",  # OpenLLMetry
+        "llm.token_count.prompt_details.cache_read",
+    ),
+    (
+        "gen_ai.usage.cache_creation.input_tokens",
+        "gen_ai.usage.cache_write.input_tokens",
+        "gen_ai.usage.cache_creation_input_tokens",  # OpenLLMetry
+        "llm.token_count.prompt_details.cache_write",
+    ),
+)
+
+
 def _usage(attributes: dict[str, Any]) -> wire.Usage | None:
-    found = [
-        _first(attributes, "gen_ai.usage.input_tokens", "gen_ai.usage.prompt_tokens", "llm.token_count.prompt"),
-        _first(attributes, "gen_ai.usage.output_tokens", "gen_ai.usage.completion_tokens", "llm.token_count.completion"),
-        _first(
-            attributes,
-            "gen_ai.usage.reasoning_tokens",
-            "gen_ai.usage.reasoning.output_tokens",
-            "llm.token_count.completion_details.reasoning",
-        ),
-    ]
+    found = [_first(attributes, *keys) for keys in _USAGE_KEYS]
     if all(value is None for value in found):
         return None
-    return wire.Usage(input_tokens=_count(found[0]), output_tokens=_count(found[1]), reasoning_tokens=_count(found[2]))
+    counts = [_count(value) for value in found]
+    return wire.Usage(
+        input_tokens=counts[0],
+        output_tokens=counts[1],
+        reasoning_tokens=counts[2],
+        cache_read_input_tokens=counts[3],
+        cache_creation_input_tokens=counts[4],
+    )
 
 
 _PARAMS = ("temperature", "max_tokens", "top_p", "top_k", "frequency_penalty", "presence_penalty", "seed", "stop_sequences")
