@@ -125,7 +125,12 @@ def _count(value: Any) -> int:
 _USAGE_KEYS = (
     ("gen_ai.usage.input_tokens", "gen_ai.usage.prompt_tokens", "llm.token_count.prompt"),
     ("gen_ai.usage.output_tokens", "gen_ai.usage.completion_tokens", "llm.token_count.completion"),
-    ("gen_ai.usage.reasoning_tokens", "gen_ai.usage.reasoning.output_tokens", "llm.token_count.completion_details.reasoning"),
+    (
+        "gen_ai.usage.reasoning_tokens",
+        "gen_ai.usage.reasoning.output_tokens",
+        "llm.usage.reasoning_tokens",  # OpenLLMetry before 0.5x
+        "llm.token_count.completion_details.reasoning",
+    ),
     (
         "gen_ai.usage.cache_read.input_tokens",
         "gen_ai.usage.cache_read_input_tokens",  # OpenLLMetry

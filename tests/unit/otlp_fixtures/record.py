@@ -28,6 +28,14 @@ from pathlib import Path
 
 HERE = Path(__file__).parent
 FAMILIES = ("genai", "openinference", "traceloop")
+# Families recorded with other releases than the project pins, each in a throwaway venv
+# of exactly these packages (README.md beside this file): not re-recorded by the tests.
+LEGACY_PINS = {
+    "traceloop_indexed": (
+        "opentelemetry-instrumentation-openai==0.50.1", "openai==3.51.0", "opentelemetry-sdk==1.45.2",
+        "opentelemetry-exporter-otlp-proto-common==1.45.2", "opentelemetry-proto==1.45.2", "protobuf==7.36.2",
+    ),
+}
 SECRET = "sk-test-FIXTURE0123456789abcdefghij"
 
 _TOOL_CALLS = {
@@ -188,7 +196,9 @@ def _record(family: str, out: Path) -> None:
                 agent.set_input("What is the weather in Paris?")
                 agent.set_attribute("agent.name", "weather-agent")
                 agent.set_output(_conversation(client, run_tool))
-    elif family == "traceloop":
+    elif family in ("traceloop", "traceloop_indexed"):
+        # The same agent; traceloop_indexed is recorded with an older release of the
+        # instrumentation (LEGACY_PINS), which writes gen_ai.prompt.N.* / gen_ai.completion.N.*.
         from opentelemetry.instrumentation.openai import OpenAIInstrumentor
         from opentelemetry.trace import Status, StatusCode
 
@@ -239,6 +249,12 @@ def _record(family: str, out: Path) -> None:
         if result is not SpanExportResult.SUCCESS:
             raise SystemExit(f"{family}: the OTLP/HTTP export to {endpoint} failed ({result})")
     print(f"{family}: {len(spans)} spans", file=sys.stderr)
+    if family in LEGACY_PINS:
+        from importlib.metadata import version
+
+        installed = tuple(f"{pin.split('==')[0]}=={version(pin.split('==')[0])}" for pin in LEGACY_PINS[family])
+        if installed != LEGACY_PINS[family]:
+            raise SystemExit(f"{family}: recorded with {installed}, expected {LEGACY_PINS[family]}")
 
 
 def main(argv: list[str]) -> None:
