@@ -51,14 +51,11 @@ def _indexed(attributes: dict[str, Any], prefix: str) -> list[dict[str, Any]]:
     """``prefix.N.rest = value`` attributes as a list (by N) of ``{rest: value}``."""
     groups: dict[int, dict[str, Any]] = {}
     size = len(prefix)
-    if not any(key.startswith(prefix) for key in attributes):
-        return []
-    for key, value in attributes.items():
-        if not key.startswith(prefix):
-            continue
-        index, _, rest = key[size:].partition(".")
-        if index.isdigit() and rest:
-            groups.setdefault(int(index), {})[rest] = value
+    for key, value in attributes.items():  # one pass: most spans hold none of them
+        if key.startswith(prefix):
+            index, _, rest = key[size:].partition(".")
+            if index.isdigit() and rest:
+                groups.setdefault(int(index), {})[rest] = value
     return [groups[index] for index in sorted(groups)]
 
 
