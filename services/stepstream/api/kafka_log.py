@@ -32,9 +32,10 @@ records produced and not yet acknowledged  request is not produced at all (librd
 no acknowledgement of every record within  ``timeout``, ``Retry-After: 2``; librdkafka gives
 ``timeout_seconds`` (``message.timeout``)  up on them by then; what is still in flight stays
                                            counted against the bound until it is reported
-the broker refused a record                ``unavailable``, ``Retry-After: 1``; after a fatal
-                                           error (the idempotent producer cannot go on) the
-                                           producer is replaced
+the broker refused a record                ``unavailable``, ``Retry-After: 1``
+a fatal error (the idempotent producer     ``unavailable`` until the background probe has
+cannot go on: no IdempotentWrite ACL, a    replaced the producer (with its backoff) and read
+sequence the broker rejects)               the topic again
 =========================================  ==================================================
 
 The API does not create topics (the worker does, or an admin):
@@ -167,6 +168,8 @@ class KafkaEventLog:
         self._poller: threading.Thread | None = None
         self._polling = False
         self._connected = False
+        self._fatal = False  # a fatal error was reported: _connect replaces the producer
+        self._retired: set[asyncio.Task[None]] = set()  # replaced producers, flushing
         self._inflight = 0
         self._connector: asyncio.Task[None] | None = None
         self._closing = False
@@ -181,19 +184,27 @@ class KafkaEventLog:
     def _new_producer(self) -> Any:
         from confluent_kafka import KafkaException, Producer
 
-        config = dict(self._config, error_cb=self._client_error, logger=client_log)
+        built: list[Any] = []  # the error callback names its own producer (a replaced one's are ignored)
+        config = dict(self._config, error_cb=lambda error: self._client_error(built[0], error), logger=client_log)
         self.connection.check_protocol(config["security.protocol"].upper(), "the API's ingest producer")
         try:
-            return Producer(config)
+            built.append(Producer(config))
         except KafkaException as exc:  # e.g. a CA or key librdkafka cannot load
             raise ConfigError(f"the API's ingest producer cannot be built ({_reason(exc)})") from None
+        return built[0]
 
     def _start_polling(self, producer: Any) -> None:
+        from confluent_kafka import KafkaException
+
         self._polling = True
 
         def poll() -> None:  # serves the delivery reports and error_cb, off the loop
             while self._polling and self._producer is producer:
-                producer.poll(_POLL_SECONDS)
+                try:
+                    producer.poll(_POLL_SECONDS)
+                except KafkaException as exc:  # poll raises a fatal error too: the loop replaces the producer
+                    self._client_error(producer, exc.args[0])
+                    time.sleep(_POLL_SECONDS)
 
         self._poller = threading.Thread(target=poll, name="stepstream-ingest-poll", daemon=True)
         self._poller.start()
@@ -222,60 +233,65 @@ class KafkaEventLog:
 
     async def _connect(self) -> None:
         """Read the raw topic's metadata until it is there (the broker answers, the
-        principal may see the topic, the topic exists); then the route is connected."""
+        principal may see the topic, the topic exists); then the route is connected. A
+        producer that had a fatal error is replaced first, at this loop's pace."""
         backoff = 0.25
         while not self._closing:
+            if self._fatal:
+                self._replace()
             producer = self._producer
             why = await asyncio.to_thread(_topic_problem, producer, self.topic)
             if self._closing or producer is not self._producer:
                 return
-            if why is None:
+            if why is None and not self._fatal:
                 self._connected = True
                 self._metrics.connected.set(1)
                 log.warning("ingest: producing to %s on %s", self.topic, self._describe)
                 return
             log.warning("ingest: the producer to Kafka %s cannot reach %s (%s): the route answers 503; "
-                        "retrying in %.1fs", self._describe, self.topic, why, backoff)  # fmt: skip
+                        "retrying in %.1fs", self._describe, self.topic, why or "fatal error", backoff)  # fmt: skip
             try:
                 await asyncio.wait_for(self._closed.wait(), backoff)
             except TimeoutError:
                 pass
             backoff = min(backoff * 2, 5.0)
 
-    def _client_error(self, error: Any) -> None:
+    def _client_error(self, producer: Any, error: Any) -> None:
         """librdkafka's error callback (polling thread): the name only, never a text
         that might quote the configuration."""
         log.warning("ingest: Kafka client error %s%s", error.name(), " (fatal)" if error.fatal() else "")
         loop = self._loop
         if loop is not None:
             try:
-                loop.call_soon_threadsafe(self._lost, error.code(), error.fatal())
+                loop.call_soon_threadsafe(self._lost, producer, error.code(), error.fatal())
             except RuntimeError:
                 pass
 
-    def _lost(self, code: int, fatal: bool) -> None:
+    def _lost(self, producer: Any, code: int, fatal: bool) -> None:
         from confluent_kafka import KafkaError
 
-        if self._closing:
+        if self._closing or producer is not self._producer:
             return
-        if fatal:
-            self._replace()
+        if fatal:  # the idempotent producer cannot go on: refuse at once, replace it in _connect
+            self._fatal = True
+            self._connected = False
+            self._metrics.connected.set(0)
+            self._probe()
         elif code == KafkaError._ALL_BROKERS_DOWN and self._connected:
             self._connected = False
             self._metrics.connected.set(0)
             self._probe()
 
     def _replace(self) -> None:
-        """Drop a producer that cannot go on (a fatal error); its records are failed
-        by librdkafka; a new one is probed in the background."""
+        """Drop a producer that cannot go on; its records are reported failed (purged)."""
         old = self._producer
-        self._connected = False
-        self._metrics.connected.set(0)
+        self._fatal = False
         self._producer = self._new_producer()  # the old poller ends: it polls only the current one
         self._start_polling(self._producer)
-        if old is not None:  # its records are reported failed (purged), so their bytes are released
-            asyncio.get_running_loop().create_task(asyncio.to_thread(_flush, old, _STOP_SECONDS, purge=True))
-        self._probe()
+        if old is not None:  # so the bytes of its records are released
+            task = asyncio.get_running_loop().create_task(asyncio.to_thread(_flush, old, _STOP_SECONDS, purge=True))
+            self._retired.add(task)
+            task.add_done_callback(self._retired.discard)
 
     async def close(self) -> None:
         """Wait (at most 5 s) for what is in flight, then stop polling."""
