@@ -307,6 +307,8 @@ class KafkaEventLog:
         self._producer = None
         if producer is not None:
             await asyncio.to_thread(_flush, producer, _STOP_SECONDS)
+        if self._retired:  # replaced producers still flushing (each for at most 5 s)
+            await asyncio.wait(set(self._retired), timeout=_STOP_SECONDS + 1)
 
     # -- appending -----------------------------------------------------------------------
 
