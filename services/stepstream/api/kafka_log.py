@@ -97,10 +97,11 @@ class _Delivery:
     """One request's records in flight. :meth:`reported` runs on the polling thread
     (the only writer of ``reports`` and ``error``); everything else on the loop."""
 
-    __slots__ = ("owner", "loop", "future", "size", "expected", "reports", "error", "finished")
+    __slots__ = ("owner", "producer", "loop", "future", "size", "expected", "reports", "error", "finished")
 
-    def __init__(self, owner: KafkaEventLog, loop: asyncio.AbstractEventLoop, size: int) -> None:
+    def __init__(self, owner: KafkaEventLog, producer: Any, loop: asyncio.AbstractEventLoop, size: int) -> None:
         self.owner = owner
+        self.producer = producer
         self.loop = loop
         self.future: asyncio.Future[None] = loop.create_future()
         self.size = size
@@ -130,6 +131,7 @@ class _Delivery:
         if self.finished:
             return
         self.finished = True
+        self.owner._pending.discard(self)
         self.owner._release(self.size)
         if not self.future.done():
             self.future.set_result(None)
@@ -170,6 +172,7 @@ class KafkaEventLog:
         self._connected = False
         self._fatal = False  # a fatal error was reported: _connect replaces the producer
         self._retired: set[asyncio.Task[None]] = set()  # replaced producers, flushing
+        self._pending: set[_Delivery] = set()  # requests' records not all reported yet
         self._inflight = 0
         self._connector: asyncio.Task[None] | None = None
         self._closing = False
@@ -289,7 +292,7 @@ class KafkaEventLog:
         self._producer = self._new_producer()  # the old poller ends: it polls only the current one
         self._start_polling(self._producer)
         if old is not None:  # so the bytes of its records are released
-            task = asyncio.get_running_loop().create_task(asyncio.to_thread(_flush, old, _STOP_SECONDS, purge=True))
+            task = asyncio.get_running_loop().create_task(self._retire(old, purge=True))
             self._retired.add(task)
             task.add_done_callback(self._retired.discard)
 
@@ -306,9 +309,21 @@ class KafkaEventLog:
         await self._stop_polling()
         self._producer = None
         if producer is not None:
-            await asyncio.to_thread(_flush, producer, _STOP_SECONDS)
+            await self._retire(producer)
         if self._retired:  # replaced producers still flushing (each for at most 5 s)
             await asyncio.wait(set(self._retired), timeout=_STOP_SECONDS + 1)
+
+    async def _retire(self, producer: Any, *, purge: bool = False) -> None:
+        """Flush a producer that is done with (for at most 5 s); what it never reported
+        (a fatal producer may report nothing) is settled as failed, so its bytes are
+        released and a request still waiting is answered."""
+        from confluent_kafka import KafkaError
+
+        await asyncio.to_thread(_flush, producer, _STOP_SECONDS, purge=purge)
+        for delivery in [d for d in self._pending if d.producer is producer]:
+            if delivery.error is None:
+                delivery.error = KafkaError(KafkaError._PURGE_INFLIGHT)
+            delivery.finish()
 
     # -- appending -----------------------------------------------------------------------
 
@@ -336,7 +351,8 @@ class KafkaEventLog:
         self._inflight += total
         self._metrics.inflight_bytes.set(self._inflight)
         started = self._clock()
-        delivery = _Delivery(self, asyncio.get_running_loop(), total)
+        delivery = _Delivery(self, producer, asyncio.get_running_loop(), total)
+        self._pending.add(delivery)
         produced = 0
         refusal: BaseException | None = None
         report = delivery.reported
@@ -410,9 +426,17 @@ def _reason(error: Any) -> str:
 
 
 def _flush(producer: Any, seconds: float, *, purge: bool = False) -> None:
-    """Serve the last delivery reports (after dropping what is queued, with ``purge``)."""
-    if purge:
-        producer.purge()
-    left = producer.flush(seconds)
+    """Serve the last delivery reports (after dropping what is queued, with ``purge``).
+    A producer that had a fatal error raises it from ``flush``: said, not raised (the
+    caller settles what it did not report)."""
+    from confluent_kafka import KafkaException
+
+    try:
+        if purge:
+            producer.purge()
+        left = producer.flush(seconds)
+    except KafkaException as exc:
+        log.warning("ingest: the producer stopped with %s", _reason(exc))
+        return
     if left:
         log.warning("ingest: %d record(s) still unacknowledged when the producer stopped", left)
