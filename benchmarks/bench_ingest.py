@@ -7,9 +7,11 @@ One ``stepstream api --ingest`` process (rate limit off) produces to a fresh 4-p
 topic on the broker. Events are 1 KiB wire events (``thinking_delta``) in NDJSON
 batches of 100, spread over 200 runs of one company.
 
-1. **bare**: an idempotent ``acks=all`` aiokafka producer in this process sends the same
-   batches (send 100, await their acknowledgements), ``--clients`` batches at once: the
-   ceiling of the broker and the client library here.
+1. **bare**: the API's own producer (``KafkaEventLog``: librdkafka, idempotent,
+   ``acks=all``) in this process appends the same batches, ``--clients`` at once, no
+   HTTP: the ceiling of the broker and the producer here. **bare.aiokafka**: the same
+   with an idempotent aiokafka producer (send 100, await their acknowledgements), the
+   library the route used before.
 2. **max**: ``--clients`` HTTP clients (httpx, keep-alive) post batches back to back for
    ``--seconds``: accepted events/s, and the API process's CPU per event.
 3. **p99 at half**: requests paced at half the max rate (open loop: one every
@@ -97,29 +99,61 @@ async def create_topic(broker: str, partitions: int = 4) -> str:
     return name
 
 
-async def bare(broker: str, topic: str, seconds: float, clients: int) -> float:
+async def bare(broker: str, topic: str, seconds: float, clients: int) -> tuple[float, float]:
+    """The API's own producer (:class:`~stepstream.api.kafka_log.KafkaEventLog`,
+    librdkafka) in this process, no HTTP: events/s and this process's CPU per event."""
+    from stepstream.api.kafka_log import KafkaEventLog
+    from stepstream.kafka.connection import KafkaConnection
+    from stepstream.metrics import ApiMetrics, IngestMetrics
+
+    event_log = KafkaEventLog(KafkaConnection.plaintext(broker), topic, IngestMetrics(ApiMetrics().registry))
+    await event_log.start()
+    while not event_log.connected:
+        await asyncio.sleep(0.05)
+    try:
+        return await _closed_loop(lambda batch: event_log.append(batch), seconds, clients, "bare")
+    finally:
+        await event_log.close()
+
+
+async def bare_aiokafka(broker: str, topic: str, seconds: float, clients: int) -> tuple[float, float]:
+    """An idempotent ``acks=all`` aiokafka producer (send 100, await their
+    acknowledgements), the library the API used before: events/s and CPU per event."""
     from aiokafka import AIOKafkaProducer
 
     producer = AIOKafkaProducer(bootstrap_servers=broker, acks="all", enable_idempotence=True, linger_ms=0,
                                 max_batch_size=1_048_576)  # fmt: skip
     await producer.start()
-    events = Events("bare")
-    sent = 0
+
+    async def append(batch: list[tuple[bytes, bytes]]) -> None:
+        await asyncio.gather(*[await producer.send(topic, value, key=key) for key, value in batch])
+
     try:
-        deadline = time.perf_counter() + seconds
-
-        async def client() -> None:
-            nonlocal sent
-            while time.perf_counter() < deadline:
-                futures = [await producer.send(topic, value, key=key) for key, value in events.batch()]
-                await asyncio.gather(*futures)
-                sent += len(futures)
-
-        started = time.perf_counter()
-        await asyncio.gather(*(client() for _ in range(clients)))
-        return sent / (time.perf_counter() - started)
+        return await _closed_loop(append, seconds, clients, "aio")
     finally:
         await producer.stop()
+
+
+async def _closed_loop(append, seconds: float, clients: int, tag: str) -> tuple[float, float]:  # type: ignore[no-untyped-def]
+    events = Events(tag)
+    sent = 0
+    deadline = time.perf_counter() + seconds
+
+    async def client() -> None:
+        nonlocal sent
+        while time.perf_counter() < deadline:
+            await append(events.batch())
+            sent += BATCH
+
+    cpu0, started = _own_cpu(), time.perf_counter()
+    await asyncio.gather(*(client() for _ in range(clients)))
+    elapsed, cpu = time.perf_counter() - started, _own_cpu() - cpu0
+    return sent / elapsed, cpu / max(sent, 1)
+
+
+def _own_cpu() -> float:
+    times = os.times()
+    return times.user + times.system
 
 
 class Api:
@@ -265,7 +299,8 @@ def main(argv: list[str] | None = None) -> int:
         args.seconds, args.sdk_events = 2.0, 10_000
     topic = asyncio.run(create_topic(args.broker))
     with tempfile.TemporaryDirectory(prefix="stepstream-bench-ingest-") as tmp:
-        ceiling = asyncio.run(bare(args.broker, topic, args.seconds, args.clients))
+        ceiling, bare_cpu = asyncio.run(bare(args.broker, topic, args.seconds, args.clients))
+        ceiling_aiokafka, aiokafka_cpu = asyncio.run(bare_aiokafka(args.broker, topic, args.seconds, args.clients))
         api = Api(args.broker, topic, Path(tmp))
         spy = None
         if os.environ.get("BENCH_INGEST_PYSPY"):  # a flame profile of the API process, for development
@@ -279,8 +314,10 @@ def main(argv: list[str] | None = None) -> int:
             sdk_rate, sdk_stats = through_sdk(api, args.sdk_events)
         finally:
             api.stop()
-    print(f"ingest.bare        {ceiling:10,.0f} events/s  (aiokafka idempotent acks=all, {args.clients} batches of "
-          f"{BATCH} at once, this process)")  # fmt: skip
+    print(f"ingest.bare        {ceiling:10,.0f} events/s  the API's producer (librdkafka, idempotent acks=all) in "
+          f"this process, no HTTP, {args.clients} batches of {BATCH} at once; {bare_cpu * 1e6:6.1f} us CPU per event")  # fmt: skip
+    print(f"ingest.bare.aiokafka {ceiling_aiokafka:8,.0f} events/s  {ceiling_aiokafka / ceiling:5.2f} of bare; aiokafka "
+          f"idempotent acks=all, the same batches; {aiokafka_cpu * 1e6:6.1f} us CPU per event")  # fmt: skip
     print(f"ingest.http.max    {rate:10,.0f} events/s  {rate / ceiling:5.2f} of bare; {cpu_per_event * 1e6:6.1f} us "
           f"API CPU per event; {args.clients} clients; errors {tally.errors}")  # fmt: skip
     print(f"ingest.http.half   {half.events / args.seconds:10,.0f} events/s  paced at {rate / 2:,.0f}: latency p50 "

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import ssl
 import subprocess
 import sys
 import time
@@ -203,12 +204,36 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-class ApiProcess:
-    """``stepstream api --ingest`` as a real process on a free port."""
+# ``stepstream api`` behind uvicorn's own TLS listener: argv[1:3] are the certificate
+# and key (the API terminates no TLS itself; a proxy does in production, docs/security.md).
+_TLS_API = """
+import sys
+import uvicorn
+from stepstream.cli import main
 
-    def __init__(self, broker: str, topic: str, tokens: Path, tmp: Path, **env: str) -> None:
+certfile, keyfile = sys.argv[1], sys.argv[2]
+
+
+class TLSConfig(uvicorn.Config):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, ssl_certfile=certfile, ssl_keyfile=keyfile, **kwargs)
+
+
+uvicorn.Config = TLSConfig
+sys.exit(main(["api"]))
+"""
+
+
+class ApiProcess:
+    """``stepstream api --ingest`` as a real process on a free port; with ``tls``
+    (certificate, key, the CA that signed them) on ``https://127.0.0.1:P``."""
+
+    def __init__(
+        self, broker: str, topic: str, tokens: Path, tmp: Path, *, tls: tuple[Path, Path, Path] | None = None, **env: str
+    ) -> None:
         self.port = int(env.get("STEPSTREAM_API_PORT") or free_port())
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"{'https' if tls else 'http'}://127.0.0.1:{self.port}"
+        self._context = None if tls is None else ssl.create_default_context(cafile=str(tls[2]))
         self.log_path = tmp / f"api-{self.port}.log"
         environ = {k: v for k, v in os.environ.items() if not k.startswith("STEPSTREAM_")}
         environ.update(
@@ -218,11 +243,12 @@ class ApiProcess:
         )  # fmt: skip
         environ.update(env)
         self._log = self.log_path.open("ab")
-        self.proc = subprocess.Popen([sys.executable, "-m", "stepstream.cli", "api"], env=environ,
-                                     stdout=self._log, stderr=subprocess.STDOUT)  # fmt: skip
+        argv = ["-m", "stepstream.cli", "api"] if tls is None else ["-c", _TLS_API, str(tls[0]), str(tls[1])]
+        self.proc = subprocess.Popen([sys.executable, *argv], env=environ, stdout=self._log,
+                                     stderr=subprocess.STDOUT)  # fmt: skip
 
     def metrics(self) -> str:
-        with urllib.request.urlopen(f"{self.url}/metrics", timeout=5) as resp:
+        with urllib.request.urlopen(f"{self.url}/metrics", timeout=5, context=self._context) as resp:
             return resp.read().decode()
 
     def wait_connected(self, timeout: float = 60.0) -> ApiProcess:

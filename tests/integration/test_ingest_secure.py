@@ -2,7 +2,7 @@
 locked-down broker (SASL_SSL, SCRAM-SHA-512, ACLs) the API produces as a principal with
 WRITE on the raw topic only, and the route answers 202 once the broker holds the
 events; a principal without the ACL is 503, never a 202. No secret literal reaches an
-answer or ``/metrics``."""
+answer, ``/metrics`` or a log line (librdkafka's own included, before any scrub)."""
 
 from __future__ import annotations
 
@@ -26,8 +26,11 @@ async def _admin_topic(secure, name: str) -> None:
         await admin.close()
 
 
-def test_the_ingest_producer_speaks_sasl_ssl_with_least_privilege(secure_kafka, tmp_path) -> None:
+def test_the_ingest_producer_speaks_sasl_ssl_with_least_privilege(secure_kafka, tmp_path, caplog) -> None:
+    import logging
     import uuid
+
+    caplog.set_level(logging.DEBUG)  # every line, librdkafka's own included (its logger)
 
     topic = f"secure.raw.ingest-{uuid.uuid4().hex[:8]}"
     loop = HostLoop()
@@ -56,8 +59,9 @@ def test_the_ingest_producer_speaks_sasl_ssl_with_least_privilege(secure_kafka, 
         assert [msgspec.json.decode(v)["event_id"] for _, _, v in records] == [e["event_id"] for e in events]
         from prometheus_client import generate_latest
 
+        assert any(r.name == "stepstream.api.ingest.librdkafka" for r in caplog.records)  # the logs were seen
         for text in (response.text, refused.text, generate_latest(agents.metrics.registry).decode(),
-                     generate_latest(denied.metrics.registry).decode()):  # fmt: skip
+                     generate_latest(denied.metrics.registry).decode(), caplog.text):  # fmt: skip
             for secret in secure_kafka.secrets():
                 assert secret not in text
     finally:

@@ -1,6 +1,7 @@
 """The ingest route's pure parts: reading a body into records (``api/ingest_body.py``),
 the per-company buckets (``api/ratelimit.py``) and the SDK's request cut
-(``emitter/http_sender.py``), the producer's partitioner (``api/kafka_log.py``)."""
+(``emitter/http_sender.py``). The producer's partitioner is proven on the broker
+(tests/integration/test_ingest_partitions.py)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,6 @@ from stepstream.api.ingest_body import (
     TooManyEvents,
     read_events,
 )
-from stepstream.api.kafka_log import CachedPartitioner
 from stepstream.api.ratelimit import CompanyBuckets, retry_after
 from stepstream.emitter.http_sender import _cut, _retry_after
 
@@ -134,15 +134,3 @@ def test_the_sdk_cuts_a_request_at_a_company_change_or_the_byte_bound() -> None:
     assert _cut(batch[2:], 1000) == 1
     assert _retry_after("3", 0.1) == 3.0 and _retry_after(None, 0.4) == 0.4
     assert _retry_after("soon", 0.2) == 0.2 and _retry_after("99999", 0.1) == 30.0
-
-
-@given(st.binary(min_size=1, max_size=80), st.integers(min_value=1, max_value=64))
-def test_the_cached_partitioner_is_kafkas_default_one(key, partitions) -> None:
-    from aiokafka.partitioner import DefaultPartitioner
-
-    from stepstream.ingest.routing import default_partition
-
-    cached = CachedPartitioner()
-    every = list(range(partitions))
-    for _ in range(2):  # computed, then remembered
-        assert cached(key, every, every) == DefaultPartitioner()(key, every, every) == default_partition(key, partitions)

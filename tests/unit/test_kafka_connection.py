@@ -175,3 +175,32 @@ def test_the_sdk_reads_the_same_names_and_keywords(monkeypatch) -> None:
     tracer.close()
     with pytest.raises(ValueError, match="inside the KafkaConnection"):
         Tracer(KafkaConnection.plaintext("k:1"), security_protocol="SSL")
+
+
+def test_the_librdkafka_config_is_the_same_connection() -> None:
+    """The API's ingest producer (confluent-kafka) gets the protocol, mechanism,
+    principal and hostname rule of every other client; librdkafka accepts the config."""
+    from confluent_kafka import Producer
+
+    from stepstream.api.kafka_log import producer_config
+
+    kafka = KafkaConnection.from_env(SASL_ENV)
+    config = kafka.librdkafka_config()
+    assert config["bootstrap.servers"] == "b0:9093,b1:9093"
+    assert (config["security.protocol"], config["sasl.mechanism"]) == ("sasl_ssl", "SCRAM-SHA-512")
+    assert (config["sasl.username"], config["sasl.password"]) == ("worker", PASSWORD)
+    assert config["ssl.ca.location"] == "probe" and config["ssl.endpoint.identification.algorithm"] == "https"
+    unchecked = KafkaConnection.from_env({**SASL_ENV, "STEPSTREAM_KAFKA_SSL_CHECK_HOSTNAME": "false"})
+    assert unchecked.librdkafka_config()["ssl.endpoint.identification.algorithm"] == "none"
+    assert KafkaConnection.from_env({}).librdkafka_config() == {"bootstrap.servers": "127.0.0.1:9092",
+                                                               "security.protocol": "plaintext"}  # fmt: skip
+    full = producer_config(kafka, timeout_seconds=3, max_inflight_bytes=1 << 20, max_request_bytes=1 << 20)
+    assert (full["enable.idempotence"], full["acks"], full["partitioner"]) == (True, "all", "murmur2_random")
+    assert full["allow.auto.create.topics"] is False and full["message.timeout.ms"] == 3000
+    Producer(full).flush(0)  # every key and value is one librdkafka knows (an unknown one raises)
+
+
+def test_an_unreadable_ca_file_is_a_config_error_for_librdkafka_too(tmp_path) -> None:
+    kafka = KafkaConnection(brokers="b:1", security_protocol="SSL", ssl_cafile=str(tmp_path / "none.pem"))
+    with pytest.raises(ConfigError, match="kafka_ssl_cafile"):
+        kafka.librdkafka_config()

@@ -17,22 +17,53 @@ for it. Contracts, beside the tracer's own:
   retried request's events keep their ids and ``seq``.
 - **Refusals.** Any other answer than 202 (401, 403, 404, 400, 413, 500): the request's
   events are counted in ``failed`` and a warning names the status, never the token.
+  So does an ``https://`` API whose certificate is not trusted (by the system's CAs,
+  or by ``ssl_cafile`` only): a trust failure is a setting, not a passing fault, so
+  it is not retried; the agent never waits for it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ssl
 import time
 from typing import TYPE_CHECKING
+
+from stepstream.errors import ConfigError
 
 if TYPE_CHECKING:
     from stepstream.emitter.tracer import Tracer
 
-__all__ = ["RETRY_STATUSES", "send_over_http"]
+__all__ = ["CAFILE_VARIABLE", "RETRY_STATUSES", "TOKEN_VARIABLE", "api_tls_context", "send_over_http"]
+
+TOKEN_VARIABLE = "STEPSTREAM_TOKEN"  # the token, when the tracer is not given one
+CAFILE_VARIABLE = "STEPSTREAM_API_CAFILE"  # the https API's CA, when ssl_cafile is not given
 
 RETRY_STATUSES = frozenset({429, 502, 503, 504})
 MAX_RETRY_AFTER = 30.0
 MAX_BACKOFF = 5.0
+
+
+def api_tls_context(cafile: str | None) -> ssl.SSLContext:
+    """The client TLS context for an ``https://`` API: the system's CAs, or ``cafile``
+    only; hostname checked. A file that cannot be used is a :class:`ConfigError`."""
+    try:
+        return ssl.create_default_context(cafile=cafile)
+    except (OSError, ssl.SSLError) as exc:
+        why = getattr(exc, "strerror", None) or getattr(exc, "reason", None) or type(exc).__name__
+        raise ConfigError(f"bad setting: ssl_cafile {cafile!r} cannot be used ({why})") from None
+
+
+def _untrusted(exc: BaseException) -> bool:
+    """``exc`` comes of a certificate the client does not trust."""
+    seen: BaseException | None = exc
+    for _ in range(10):  # httpx -> httpcore -> ssl
+        if seen is None:
+            return False
+        if isinstance(seen, ssl.SSLCertVerificationError):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 def _company(key: bytes) -> bytes:
@@ -74,7 +105,8 @@ async def send_over_http(tracer: Tracer, wake: asyncio.Event) -> None:
     timeout = httpx.Timeout(tracer._request_timeout_ms / 1000)
     batch: list[tuple[bytes, bytes]] = []
     backoff = 0.1
-    async with httpx.AsyncClient(base_url=tracer.endpoint, headers=headers, timeout=timeout) as client:
+    async with httpx.AsyncClient(base_url=tracer.endpoint, headers=headers, timeout=timeout,
+                                 verify=tracer._verify) as client:  # fmt: skip
         while True:
             if not batch:
                 if tracer._stopping:
@@ -92,6 +124,12 @@ async def send_over_http(tracer: Tracer, wake: asyncio.Event) -> None:
                 response = await client.post(f"/v1/companies/{company}/events", content=body)
                 status, wait = response.status_code, response.headers.get("retry-after")
             except httpx.HTTPError as exc:
+                if _untrusted(exc):
+                    tracer._settle(0, count)
+                    tracer._warn("stepstream tracer: the API at %s has a certificate this tracer does not trust; "
+                                 "%d events failed", tracer.endpoint, count)  # fmt: skip
+                    batch = batch[count:]
+                    continue
                 status, wait = 0, None
                 tracer._warn("stepstream tracer: the API at %s did not answer (%s); retrying", tracer.endpoint,
                              type(exc).__name__)  # fmt: skip

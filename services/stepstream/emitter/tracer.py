@@ -10,8 +10,9 @@
     # Tracer("b0:9093", security_protocol="SASL_SSL", sasl_mechanism="SCRAM-SHA-512",
     #        sasl_username="agents", sasl_password_file="/run/secrets/kafka-password",
     #        ssl_cafile="/etc/kafka/ca.pem")
-    # Or through the API (writes for the token's company only, no Kafka credentials):
-    # Tracer("https://api.example", token=ingest_token)
+    # Or through the API (writes for the token's company only, no Kafka credentials;
+    # the token from STEPSTREAM_TOKEN when not passed, a private CA with ssl_cafile=):
+    # Tracer("https://api.example", token=ingest_token, ssl_cafile="/etc/stepstream/ca.pem")
     with tracer.run("acme", agent_name="support-bot") as run:
         run.llm_request("c1", provider="anthropic", model="claude-sonnet-4", input=messages)
         run.thinking("the invoice total looks doubled")
@@ -40,9 +41,15 @@ Contracts:
   so the loss shows downstream as a sequence gap of that run. No call waits for the
   broker; a broker that is down only fills the queue.
 - **Over HTTP.** With an ``http://`` or ``https://`` URL and a ``token`` (scope
-  ``ingest``), the same queue is sent in batches to the API's
-  ``POST /v1/companies/{company}/events`` (``stepstream.emitter.http_sender``: retries
-  with backoff on 429/503, refusals counted in ``failed``); the promises above hold.
+  ``ingest``; when not passed, ``STEPSTREAM_TOKEN``), the same queue is sent in batches
+  to the API's ``POST /v1/companies/{company}/events``
+  (``stepstream.emitter.http_sender``: retries with backoff on 429/503, refusals
+  counted in ``failed``); the promises above hold. Over ``https://`` the API's
+  certificate is checked against the system's CAs, or only ``ssl_cafile`` (when not
+  passed, ``STEPSTREAM_API_CAFILE``), hostname included; a CA file that cannot be read
+  raises :class:`~stepstream.errors.ConfigError` in the constructor; a certificate
+  that is not trusted fails each request's events (counted in ``failed``, never
+  retried, never blocking).
 - **Errors.** A payload that is not JSON-encodable, an id outside the wire rules, or
   a call on an ended run raises at the call (a bug in the caller, reported where it
   is). A delivery the broker refuses or that times out is counted in
@@ -68,6 +75,8 @@ from __future__ import annotations
 import asyncio
 import atexit
 import logging
+import os
+import ssl
 import threading
 import time
 import uuid
@@ -79,6 +88,7 @@ from typing import Any
 
 import msgspec
 
+from stepstream.emitter.http_sender import CAFILE_VARIABLE, TOKEN_VARIABLE, api_tls_context
 from stepstream.emitter.run import Run
 from stepstream.kafka.connection import KafkaConnection, effective_protocol
 
@@ -137,7 +147,8 @@ class Tracer:
         (several: comma-separated; default ``STEPSTREAM_BROKER``, else 127.0.0.1:9092)
         with the security keywords (module docstring); or the API's
         ``http(s)://host[:port]`` with ``token`` (an ``ingest`` token; the API chooses
-        the topic, no Kafka setting applies). ``batch_events`` / ``batch_bytes``: the
+        the topic; of the Kafka settings only ``ssl_cafile`` applies, as the CA of an
+        ``https://`` API). ``batch_events`` / ``batch_bytes``: the
         most one HTTP request carries. ``tee``: called with each accepted event's
         bytes, in queue order (the demo writes them to a file)."""
         if max_queue < 1 or batch_events < 1 or batch_bytes < 1:
@@ -150,13 +161,19 @@ class Tracer:
         }  # fmt: skip
         self.endpoint: str | None = None
         self._token = token
+        self._verify: ssl.SSLContext | bool = True
         self.batch_events = batch_events
         self.batch_bytes = batch_bytes
         if isinstance(broker, str) and broker.lower().startswith(("http://", "https://")):
-            if not token:
-                raise ValueError("a tracer over HTTP needs token= (an ingest token of the company)")
-            if any(value is not None for value in security.values()):
+            self._token = token or os.environ.get(TOKEN_VARIABLE) or None
+            if not self._token:
+                raise ValueError(f"a tracer over HTTP needs token= or {TOKEN_VARIABLE} (an ingest token of the company)")
+            if any(value is not None for name, value in security.items() if name != "ssl_cafile"):
                 raise ValueError("Kafka security settings do not apply to a tracer over HTTP")
+            if broker.lower().startswith("https://"):
+                self._verify = api_tls_context(ssl_cafile or os.environ.get(CAFILE_VARIABLE) or None)
+            elif ssl_cafile is not None:
+                raise ValueError("ssl_cafile applies to an https:// API, not http://")
             self.endpoint = broker.rstrip("/")
             self.kafka: KafkaConnection | None = None
             self.bootstrap = ""

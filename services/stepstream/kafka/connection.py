@@ -21,6 +21,9 @@ Public names (stable):
   - ``.aiokafka_kwargs()``: keyword arguments for ``AIOKafkaProducer``,
     ``AIOKafkaConsumer`` and ``AIOKafkaAdminClient`` (``bootstrap_servers``,
     ``security_protocol``, and the ``ssl_context`` / ``sasl_*`` it needs).
+  - ``.librdkafka_config()``: the same connection as a confluent-kafka configuration
+    (``bootstrap.servers``, ``security.protocol``, ``ssl.*``, ``sasl.*``), for the
+    API's ingest producer.
   - ``.faust_broker`` (``kafka://h:p;kafka://h:p``) and ``.faust_credentials()``
     (``faust.SSLCredentials`` / ``faust.SASLCredentials`` with the SSL context, so
     ``SASL_SSL`` is never silently downgraded to ``SASL_PLAINTEXT``; ``None`` for
@@ -236,6 +239,27 @@ class KafkaConnection:
             kwargs["sasl_plain_username"] = self.sasl_username
             kwargs["sasl_plain_password"] = self.sasl_password
         return kwargs
+
+    def librdkafka_config(self) -> dict[str, Any]:
+        """The connection part of a librdkafka (confluent-kafka) client's configuration:
+        the same protocol, mechanism, principal, CA, client certificate and hostname rule
+        as :meth:`aiokafka_kwargs`. The TLS files are checked here as for aiokafka
+        (:meth:`ssl_context`: a :class:`ConfigError` naming the setting); without a CA
+        file librdkafka probes the system's CA locations. The password is in the value:
+        never log it."""
+        config: dict[str, Any] = {"bootstrap.servers": self.brokers, "security.protocol": self.security_protocol.lower()}
+        if self.uses_tls:
+            self.ssl_context()
+            config["ssl.ca.location"] = self.ssl_cafile or "probe"
+            if self.ssl_certfile:
+                config["ssl.certificate.location"] = self.ssl_certfile
+                config["ssl.key.location"] = self.ssl_keyfile
+            config["ssl.endpoint.identification.algorithm"] = "https" if self.ssl_check_hostname else "none"
+        if self.uses_sasl:
+            config["sasl.mechanism"] = self.sasl_mechanism
+            config["sasl.username"] = self.sasl_username
+            config["sasl.password"] = self.sasl_password
+        return config
 
     def check_protocol(self, effective: str, client: str) -> None:
         """Refuse a client whose effective security protocol is not the configured one
