@@ -11,7 +11,10 @@ command listener counting what goes to the server. Printed per corpus:
   the worker adds Kafka and faust on top (``bench_worker``'s ``CPU us/ev`` column);
 * ``store_commands_per_event``, ``store_operations_per_event`` (statements and
   documents), ``store_bytes_per_event`` (BSON sent);
-* ``events_per_s`` into this server, single process.
+* ``events_per_s`` into this server, single process;
+* ``server_ferretdb_cpu_us_per_event``, ``server_postgresql_cpu_us_per_event``: the
+  server's own CPU per event, when it runs on this machine (``server_cpu``): beside
+  ``cpu_us_per_event`` it says whether the client or the server is the cost.
 
 Each corpus goes in twice, into fresh databases: once counted, once timed (the count
 encodes every command, which would weigh on the CPU figure).
@@ -41,6 +44,7 @@ from typing import Any
 import msgspec
 
 from benchmarks.bench_sinks import _drop, _mongo_db_url, count_traffic
+from benchmarks.server_cpu import ServerCpu
 from stepstream.core.wire import encode_event
 from stepstream.emitter.corpus import generate_events, generate_many_runs
 from stepstream.ingest.offline import ingest_file
@@ -63,11 +67,16 @@ async def measure(url: str, events: list[Any], tmp: Path) -> dict[str, float]:
     path.write_bytes(b"".join(encode_event(e) + b"\n" for e in events))
     clock: dict[str, float] = {}
 
+    server = ServerCpu.find(url)
+
     async def run(db: str) -> None:
         try:
+            before = server.seconds() if server else {}
             cpu, wall = time.process_time(), time.perf_counter()
             report = await ingest_file(path, db, db, progress=False)
             clock["cpu"], clock["wall"] = time.process_time() - cpu, time.perf_counter() - wall
+            for part, seconds in (server.seconds() if server else {}).items():
+                clock[f"server_{part}"] = seconds - before[part]
             assert report.rejected == 0, report
         finally:
             await _drop(db)
@@ -84,6 +93,8 @@ async def measure(url: str, events: list[Any], tmp: Path) -> dict[str, float]:
         "store_commands_per_event": traffic.total() / n,
         "store_operations_per_event": traffic.operations / n,
         "store_bytes_per_event": traffic.bytes / n,
+        # The server's own CPU (when it runs on this machine): FerretDB, and PostgreSQL under it.
+        **{f"{part}_cpu_us_per_event": seconds / n * 1e6 for part, seconds in clock.items() if part.startswith("server_")},
     }
 
 
