@@ -20,7 +20,9 @@ Each corpus goes in twice, into fresh databases: once counted, once timed (the c
 encodes every command, which would weigh on the CPU figure).
 
 Then 2 against 1 on one shared store: ``ingest-file`` processes (the worker's engine
-and sink, no Kafka) into one database, each and together.
+and sink, no Kafka) into one database, each and together; and with ``--broker``, real
+``stepstream worker`` processes (one alone, then two in one consumer group) over a
+preloaded many-runs topic into one database (``capacity.shared_workers.*``).
 
 Then the model's arithmetic for 10k, 100k and 1M events/s (see docs/operations.md):
 cores of workers, partitions, store operations/s and MB/s. It is arithmetic on these
@@ -139,6 +141,75 @@ def shared_store(url: str, runs: int, tmp: Path) -> dict[str, float]:
     return figures
 
 
+def _events(worker: Any) -> float:
+    """The worker's applied events; its ``/metrics`` can take seconds on a loaded machine."""
+    for _ in range(5):
+        try:
+            return worker.events()
+        except OSError:
+            time.sleep(0.5)
+    return worker.events()
+
+
+def shared_workers(broker: str, url: str, runs: int, budget: float, tmp: Path) -> dict[str, float]:
+    """Events/s of real ``stepstream worker`` processes on one shared store: one alone
+    on a fresh database, then two in one consumer group (the topic's partitions split
+    between them) on another, each and together, over the same ``budget`` seconds
+    from the first applied event (the topic is filled once the group is ready). On 2 cores with the broker and the server on
+    them too, this shows contention more than scale."""
+    from benchmarks.bench_worker import PARTITIONS, many_runs, mongo_url, new_topic, preload
+    from benchmarks.worker_process import Worker, metric_sum
+
+    corpus = many_runs(runs)
+    blobs = corpus.blobs()
+    figures: dict[str, float] = {}
+    for label, count in (("one", 1), ("two", 2)):
+        topic = asyncio.run(new_topic(broker, f"bench-shared-{label}"))
+        db = mongo_url(url, f"bench_shared_{uuid.uuid4().hex[:8]}")
+        group = f"bench-shared-{uuid.uuid4().hex[:6]}"
+        workers = [Worker(broker, topic, tmp, f"shared-{label}-{i}", steps_sink=db, partitions=PARTITIONS,
+                          env={"STEPSTREAM_APP_ID": group}) for i in range(count)]  # fmt: skip
+        try:
+            for worker in workers:
+                worker.wait_up()
+            for worker in workers:
+                if not worker.wait_ready(120):
+                    raise worker.failure("not ready after 120 s")
+            # The events go in once the group has settled: a member joining while the
+            # others apply makes a rebalance, and the moved partitions are read again from
+            # their last commit (duplicates skipped, not applied events).
+            asyncio.run(preload(broker, topic, blobs))
+            # From the first sample with events applied (startup, the group's join and the
+            # first batch left out) until every event is applied, or the budget passed.
+            deadline = time.perf_counter() + 300 + budget
+            first: list[tuple[float, float]] = []
+            while True:
+                now = [(time.perf_counter(), _events(w)) for w in workers]
+                if not first and sum(n for _, n in now) > 0:
+                    first = now
+                done = sum(n for _, n in now) >= len(corpus.events)
+                if first and (done or now[-1][0] - first[0][0] >= budget):
+                    last = now
+                    break
+                if time.perf_counter() > deadline:
+                    raise workers[0].failure("the events were not applied in time")
+                time.sleep(0.2)
+            total = 0.0
+            for i, ((t0, n0), (t1, n1)) in enumerate(zip(first, last, strict=True)):
+                figures[f"{label}.worker_{i}_events_per_s"] = (n1 - n0) / (t1 - t0)
+                total += n1 - n0
+            figures[f"{label}.together_events_per_s"] = total / (last[-1][0] - first[0][0])
+            figures[f"{label}.events_left_unapplied"] = len(corpus.events) - sum(n for _, n in last)
+            figures[f"{label}.duplicates_skipped"] = sum(
+                metric_sum(w.metrics(), "stepstream_duplicate_events_total") for w in workers
+            )
+        finally:
+            for worker in workers:
+                worker.stop()
+            asyncio.run(_drop(db))
+    return figures
+
+
 def model(figures: dict[str, float], worker_cpu_us: float | None) -> list[str]:
     """The sizing arithmetic for one corpus (docs/operations.md)."""
     cpu = worker_cpu_us if worker_cpu_us is not None else figures["cpu_us_per_event"]
@@ -161,6 +232,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--mongo", default=os.environ.get("STEPSTREAM_TEST_MONGO_URL"))
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--broker", default=os.environ.get("STEPSTREAM_TEST_BROKER"),
+                        help="bootstrap host:port: 2 real workers against 1 on the shared store")  # fmt: skip
     parser.add_argument("--worker-cpu-us", type=float, action="append", default=[],
                         help="the worker's CPU us/event per corpus, in corpus order (bench_worker)")  # fmt: skip
     args = parser.parse_args(argv)
@@ -180,6 +253,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"capacity.shared_store.two_over_one "
               f"{shared['two.together_events_per_s'] / shared['one.together_events_per_s']:.2f} (2 processes, one store, "
               f"{os.cpu_count()} cores shared with the server: contention more than scale)")  # fmt: skip
+        if args.broker:
+            workers = shared_workers(args.broker, args.mongo, 1_000 if args.quick else 4_000,
+                                     5.0 if args.quick else 15.0, Path(tmp))  # fmt: skip
+            for key, value in workers.items():
+                print(f"capacity.shared_workers.{key} {value:.0f}")
+            print(f"capacity.shared_workers.two_over_one "
+                  f"{workers['two.together_events_per_s'] / workers['one.together_events_per_s']:.2f} (2 stepstream "
+                  f"worker processes in one group, one store, {os.cpu_count()} cores shared with the broker and the "
+                  "server: contention more than scale)")  # fmt: skip
+        else:
+            print("capacity.shared_workers: skipped (no --broker / STEPSTREAM_TEST_BROKER)", file=sys.stderr)
     print(f"(model: a worker core planned at {CORE_SHARE:.0%}, at most {PARTITION_EVENTS_PER_S:,} events/s per "
           "partition; arithmetic on the figures above, not a measurement at those rates)")  # fmt: skip
     return 0
