@@ -179,13 +179,14 @@ def shared_workers(broker: str, url: str, runs: int, budget: float, tmp: Path) -
             # others apply makes a rebalance, and the moved partitions are read again from
             # their last commit (duplicates skipped, not applied events).
             asyncio.run(preload(broker, topic, blobs))
-            # From the first sample with events applied (startup, the group's join and the
-            # first batch left out) until every event is applied, or the budget passed.
+            # From the first sample where every worker has applied events (startup, the
+            # group's join and each one's first batch left out) until every event is
+            # applied, or the budget passed.
             deadline = time.perf_counter() + 300 + budget
             first: list[tuple[float, float]] = []
             while True:
                 now = [(time.perf_counter(), _events(w)) for w in workers]
-                if not first and sum(n for _, n in now) > 0:
+                if not first and all(n > 0 for _, n in now):
                     first = now
                 done = sum(n for _, n in now) >= len(corpus.events)
                 if first and (done or now[-1][0] - first[0][0] >= budget):
@@ -254,8 +255,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{shared['two.together_events_per_s'] / shared['one.together_events_per_s']:.2f} (2 processes, one store, "
               f"{os.cpu_count()} cores shared with the server: contention more than scale)")  # fmt: skip
         if args.broker:
-            workers = shared_workers(args.broker, args.mongo, 1_000 if args.quick else 4_000,
-                                     5.0 if args.quick else 15.0, Path(tmp))  # fmt: skip
+            workers = shared_workers(args.broker, args.mongo, 1_500 if args.quick else 4_000,
+                                     10.0 if args.quick else 20.0, Path(tmp))  # fmt: skip
             for key, value in workers.items():
                 print(f"capacity.shared_workers.{key} {value:.0f}")
             print(f"capacity.shared_workers.two_over_one "
