@@ -36,7 +36,8 @@ def main() -> int:
           flush=True)  # fmt: skip
     from benchmarks import bench_capacity
 
-    bench_capacity.main((["--mongo", args.mongo] if args.mongo else []) + (["--quick"] if args.quick else []))
+    bench_capacity.main((["--mongo", args.mongo] if args.mongo else []) + (["--broker", args.broker] if args.broker else [])
+                        + (["--quick"] if args.quick else []))  # fmt: skip
     print("\n== API (concurrent readers while a writer ingests into the same SQLite store) ==", flush=True)
     from benchmarks import bench_api
 

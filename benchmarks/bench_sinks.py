@@ -58,6 +58,9 @@ from stepstream.sinks import open_deep_store, open_step_store
 from stepstream.sinks.sqlite_operations import deep_schema, step_schema
 
 CHUNK = 2048
+# RunRecord's field order: environment, status, failure are stored as text, in this order.
+ENVIRONMENT = RunRecord.__struct_fields__.index("environment")
+assert RunRecord.__struct_fields__[ENVIRONMENT : ENVIRONMENT + 3] == ("environment", "status", "failure")
 BATCH_ROWS = 500
 
 
@@ -260,8 +263,8 @@ def _bare_rows(batches: list[Batch], *, as_stored: bool = False) -> list[dict[st
                     for s in b.steps
                 ],
                 "runs": [
-                    (*astuple(msgspec.structs.replace(r, environment=None, failure=None))[:3], _text(r.environment),
-                     r.status, _text(r.failure), *astuple(r)[6:], r.started_at or r.last_event_at or "")
+                    (*astuple(r)[:ENVIRONMENT], _text(r.environment), r.status, _text(r.failure),
+                     *astuple(r)[ENVIRONMENT + 3 :], r.started_at or r.last_event_at or "")
                     for r in b.runs
                 ],  # fmt: skip
                 "run_state": [(s.company_id, s.run_id, _json.encode(s).decode()) for s in b.states],

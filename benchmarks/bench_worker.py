@@ -95,7 +95,7 @@ class Plan(msgspec.Struct, frozen=True):
 
 
 FULL = Plan(200_000, 16_000, 100_000, 60.0, 30.0, 15.0, 10_000, rounds=2, mongo_corpora=("thinking-heavy", "many-runs"))
-QUICK = Plan(40_000, 2_000, 10_000, 10.0, 4.0, 4.0, 2_000, rounds=1, mongo_corpora=("thinking-heavy",))
+QUICK = Plan(40_000, 2_000, 10_000, 10.0, 4.0, 4.0, 2_000, rounds=1, mongo_corpora=("thinking-heavy", "many-runs"))
 
 
 # -- corpora ------------------------------------------------------------------------

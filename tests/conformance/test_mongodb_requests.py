@@ -148,3 +148,31 @@ async def test_rows_created_after_the_read_are_updated_field_by_field(
     finally:
         await steps.close()
         await deeps.close()
+
+
+def _plan_nodes(plan: dict[str, Any]) -> list[str]:
+    """The node types of a PostgreSQL plan (EXPLAIN's JSON), outermost first."""
+    return [plan.get("Node Type", ""), *(n for child in plan.get("Plans", []) for n in _plan_nodes(child))]
+
+
+async def test_id_filter_is_served_by_an_index(url: str) -> None:
+    """Every update and point read of the adapter filters on ``_id``. On FerretDB's
+    PostgreSQL backend that filter is ``_jsonb->$1 @> $2``, which FerretDB's own btree
+    ``_id`` index cannot serve: the test server adds a GIN index per table
+    (``deploy/ferretdb/postgres.sh``), and this holds it to that (the plan of a point
+    read among 3,000 documents uses an index; a scan would say ``Seq Scan``)."""
+    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(url)
+    try:
+        db = client.get_default_database()
+        build = await db.command("buildInfo")
+        await db["probe"].insert_many([{"_id": mongodb.row_id(COMPANY, f"r{i}"), "n": i} for i in range(3_000)])
+        explained = await db.command("explain", {"find": "probe", "filter": {"_id": mongodb.row_id(COMPANY, "r7")}})
+        if "ferretdbVersion" not in build or "Plan" not in explained.get("queryPlanner", {}):
+            return  # MongoDB serves _id itself; FerretDB on SQLite has no such plan (docs/sinks.md)
+        nodes = _plan_nodes(explained["queryPlanner"]["Plan"])
+        assert any("Index" in node for node in nodes), nodes
+        assert await db["probe"].find_one({"_id": mongodb.row_id(COMPANY, "r7")}) == {
+            "_id": mongodb.row_id(COMPANY, "r7"), "n": 7
+        }
+    finally:
+        await client.close()
