@@ -33,7 +33,7 @@ count() {  # prints "main N", "steps N", "deep N" for a run over $1
 count "$corpus" all >"$work/all.txt"
 count "$work/one.bin" one >"$work/one.txt"
 for part in main steps deep; do
-    a=$(awk -v p=$part '$1 == p {s += $2} END {print s + 0}' "$work/all.txt")
-    o=$(awk -v p=$part '$1 == p {s += $2} END {print s + 0}' "$work/one.txt")
+    a=$(awk -v p=$part '$1 == p {s += $2} END {printf "%.0f\n", s}' "$work/all.txt")
+    o=$(awk -v p=$part '$1 == p {s += $2} END {printf "%.0f\n", s}' "$work/one.txt")
     echo "$services $(basename "$corpus") $part: $(( (a - o) / events )) instructions/event ($events events)"
 done
