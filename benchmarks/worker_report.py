@@ -27,6 +27,8 @@ def report(result: dict[str, Any], sinks: list[tuple[str, str]]) -> str:
         f"start, {result['loadavg_at_end']:.1f} at end; {result['seconds']:.0f}s; best of {plan['rounds']} interleaved "
         f"round(s) (MongoDB: one round of at most {plan['mongo_budget']:.0f}s; SQLite: at most {plan['worker_budget']:.0f}s)",
         "off-CPU = 1 - CPU/wall of the process; runq = the part of it spent runnable, waiting for a core",
+        *(["QUICK RUN: a smoke test; its figures are not comparable with the full run's (smaller corpora, "
+           "worker windows of a fraction of a second to a few seconds)"] if result["mode"] == "quick" else []),
         "",
         f"{'corpus':<15}{'path':<40}{'events/s':>10}{'x bare':>8}{'x no-op':>9}{'x ingest':>10}"
         f"{'CPU us/ev':>11}{'off-CPU':>9}{'runq':>6}{'peak RSS':>10}",
