@@ -20,6 +20,12 @@ events/s from its first durable batch (startup and group join excluded), its rat
 to the three ceilings, CPU microseconds per event of the whole worker process and the
 share of wall time it was off CPU (both from ``/proc``), and its peak RSS.
 
+Per corpus too, the write path without Kafka (``worker_profile``: the worker's
+pipeline over the corpus into SQLite): CPU microseconds per event of the worker
+process and of each SQLite writer process, the rows each store upserts per event, the
+bytes of the requests to the writers and the bytes the writers wrote (the WAL and its
+checkpoints): what "fewer rows and bytes per event" is measured by.
+
 Then, per corpus, p99 event-to-durable latency while producing at half the worker's
 measured SQLite rate, split into thinking deltas and every other event
 (``durability_probe``), beside the worker's own ``stepstream_ingest_lag_seconds``;
@@ -235,6 +241,18 @@ def ingest_file(corpus: Corpus, tmp: Path) -> Throughput:
     return Throughput(len(corpus.events), data["seconds"], data["cpu"], float("nan"), data["runqueue"])
 
 
+def write_path(corpus: Corpus, tmp: Path) -> dict[str, Any]:
+    """The worker's pipeline over the corpus into SQLite without Kafka
+    (``benchmarks.worker_profile``): CPU per process, rows and bytes per event."""
+    path = tmp / f"{corpus.name}.msgpack"
+    path.write_bytes(msgspec.msgpack.encode([encode_event(e) for e in corpus.events]))
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.worker_profile", str(path)], capture_output=True,
+                          timeout=900, check=False)  # fmt: skip
+    if proc.returncode != 0:
+        return {"error": proc.stderr.decode()[-800:]}
+    return json.loads(proc.stdout)
+
+
 # -- worker runs ----------------------------------------------------------------------
 
 
@@ -447,6 +465,10 @@ async def corpus_run(args: argparse.Namespace, plan: Plan, corpus: Corpus, tmp: 
                 _note(f"{corpus.name}: {sink.key}: WARNING: {result.duplicates:.0f} events skipped as duplicates")
             _note(f"{corpus.name} round {round_ + 1}: {sink.key}: {result.rate:,.0f} events/s over "
                   f"{result.events:,.0f} events ({time.perf_counter() - phase:.0f}s)")  # fmt: skip
+
+    phase = time.perf_counter()
+    out["write_path"] = write_path(corpus, tmp)
+    _note(f"{corpus.name}: write path without Kafka ({time.perf_counter() - phase:.0f}s): {out['write_path']}")
 
     best = {key: max(values, key=lambda t: t.rate) for key, values in ceilings.items()}
     for key, t in best.items():

@@ -27,6 +27,8 @@ def report(result: dict[str, Any], sinks: list[tuple[str, str]]) -> str:
         f"start, {result['loadavg_at_end']:.1f} at end; {result['seconds']:.0f}s; best of {plan['rounds']} interleaved "
         f"round(s) (MongoDB: one round of at most {plan['mongo_budget']:.0f}s; SQLite: at most {plan['worker_budget']:.0f}s)",
         "off-CPU = 1 - CPU/wall of the process; runq = the part of it spent runnable, waiting for a core",
+        *(["QUICK RUN: a smoke test; its figures are not comparable with the full run's (smaller corpora, "
+           "worker windows of a fraction of a second to a few seconds)"] if result["mode"] == "quick" else []),
         "",
         f"{'corpus':<15}{'path':<40}{'events/s':>10}{'x bare':>8}{'x no-op':>9}{'x ingest':>10}"
         f"{'CPU us/ev':>11}{'off-CPU':>9}{'runq':>6}{'peak RSS':>10}",
@@ -53,6 +55,8 @@ def report(result: dict[str, Any], sinks: list[tuple[str, str]]) -> str:
         lines.append(f"{'':<15}({c['events']:,} events, {c['runs']:,} runs, {c['delta_share']:.0%} thinking deltas, "
                      f"{c['mean_bytes']:.0f} B mean)")  # fmt: skip
         lines.append("")
+    lines.extend(write_path_lines(result))
+    lines.append("")
     lines.append("event-to-durable latency at half the worker's SQLite rate (durable: the run's stored last_seq "
                  "reached the event; polled every 50 ms)")  # fmt: skip
     lines.append(f"{'corpus':<15}{'target/s':>10}{'sent/s':>9}{'events':>9}{'deltas p50/p99 s':>19}"
@@ -80,6 +84,34 @@ def report(result: dict[str, Any], sinks: list[tuple[str, str]]) -> str:
         lines.append(f"memory: peak RSS with {mem['open_runs']:,} runs open mid-thinking: {mem['peak_rss_mib']:.0f} MiB "
                      f"(target < {mem['target_mib']} MiB: {verdict}; open_runs gauge {mem['open_runs_gauge']:.0f})")  # fmt: skip
     return "\n".join(lines)
+
+
+def write_path_lines(result: dict[str, Any]) -> list[str]:
+    """Per corpus, the write path without Kafka (``benchmarks.worker_profile``): CPU per
+    process, rows upserted and bytes sent to / written by the SQLite writers, per event."""
+    lines = [
+        "write path into SQLite without Kafka, per event (benchmarks.worker_profile: the worker's pipeline, "
+        "the step and deep writer processes)",
+        f"{'corpus':<15}{'CPU us: worker':>15}{'steps wr':>9}{'deep wr':>8}{'all':>7}"
+        f"{'rows: steps':>12}{'runs':>6}{'states':>7}{'deep':>6}{'req B: steps':>13}{'deep':>6}"
+        f"{'wrote B: steps':>15}{'deep':>6}{'load':>6}",
+    ]
+    for name, c in result["corpora"].items():
+        w = c.get("write_path")
+        if not w or "error" in w:
+            lines.append(f"{name:<15}n/a: {(w or {}).get('error', 'not measured').splitlines()[-1][:100]}")
+            continue
+        cpu, rows = w["cpu_us_per_event"], w["rows_per_event"]
+        sent, wrote = w["request_bytes_per_event"], w["writer_wchar_per_event"]
+        lines.append(
+            f"{name:<15}{_num(cpu.get('main'), '.1f'):>15}{_num(cpu.get('writer steps'), '.1f'):>9}"
+            f"{_num(cpu.get('writer deep'), '.1f'):>8}{_num(cpu.get('all'), '.1f'):>7}"
+            f"{_num(rows.get('steps.steps'), '.3f'):>12}{_num(rows.get('steps.runs'), '.3f'):>6}"
+            f"{_num(rows.get('steps.states'), '.3f'):>7}{_num(rows.get('deep.deep'), '.3f'):>6}"
+            f"{_num(sent.get('steps'), '.0f'):>13}{_num(sent.get('deep'), '.0f'):>6}"
+            f"{_num(wrote.get('steps'), '.0f'):>15}{_num(wrote.get('deep'), '.0f'):>6}{_num(w.get('loadavg'), '.1f'):>6}"
+        )
+    return lines
 
 
 def finite(value: Any) -> Any:

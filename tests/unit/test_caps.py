@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from stepstream.core.caps import CLIP_MARKER, clip, clip_chunk, clip_deep, json_body, json_text
+from stepstream.core.caps import CLIP_MARKER, clip, clip_chunk, clip_deep, json_body, json_text, stored_body
 from stepstream.core.fold import Limits
 from stepstream.core.records import DeepRecord
 
@@ -116,3 +116,19 @@ def test_clip_deep_measures_structured_bodies_by_their_json_text():
     fixed = clip_deep(over, lim)  # 6 characters of text, 20 of compact JSON: over the cap
     assert fixed.clipped and fixed.arguments == '{"k"' + CLIP_MARKER
     assert clip_deep(fixed, lim) is fixed  # clipping is idempotent
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**53), 2**53) | texts,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(texts, inner, max_size=4),
+    max_leaves=12,
+)
+
+
+@PROPS
+@given(json_values, st.integers(0, 60))
+def test_stored_body_is_the_json_text_of_json_body(value, cap):
+    """``stored_body`` (the SQLite writer's one encoding) stores exactly what
+    ``json_body`` keeps, and says it was cut exactly when ``json_body`` does."""
+    body, cut = json_body(value, cap)
+    assert stored_body(value, cap) == (json_text(body), cut)

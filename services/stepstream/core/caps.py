@@ -43,7 +43,9 @@ from stepstream.core.limits import Limits
 from stepstream.core.records import DeepRecord
 
 
-__all__ = ["CLIP_MARKER", "clip", "clip_chunk", "clip_deep", "json_body", "json_body_bytes", "json_text"]
+__all__ = [
+    "CLIP_MARKER", "clip", "clip_chunk", "clip_deep", "json_body", "json_body_bytes", "json_text", "stored_body",
+]  # fmt: skip
 
 CLIP_MARKER = "\u2026[clipped]"
 _M = len(CLIP_MARKER)
@@ -93,6 +95,20 @@ def json_body(value: Any, cap: int) -> tuple[Any, bool]:
     if len(text) <= cap:
         return value, False
     return clip(text, cap)
+
+
+def stored_body(value: Any, cap: int) -> tuple[str, bool]:
+    """``(text, clipped)``: the JSON text of ``json_body(value, cap)`` (what a store
+    holds for the body) and whether it was cut, with ``value`` encoded once: a body
+    within its cap, the common case, is measured by the very text that is stored."""
+    if type(value) is str:
+        if len(value) <= cap:
+            return _encoder.encode(value).decode(), False
+        return _encoder.encode(clip(value, cap)[0]).decode(), True
+    text = _encoder.encode(value).decode()
+    if len(text) <= cap:
+        return text, False
+    return _encoder.encode(clip(text, cap)[0]).decode(), True
 
 
 def json_body_bytes(value: Any, cap: int) -> tuple[Any, bool]:

@@ -124,7 +124,7 @@ from stepstream.core.steps import CALLS, OPENERS, RESULTS, Rows, call_key, openi
 from stepstream.core.timefmt import TS_MAX, TS_MIN, WINDOW, format_ts, in_window, parse_ts
 from stepstream.errors import WireError
 
-__all__ = ["MAX_TOKEN_TOTAL", "Limits", "Output", "RunFold"]
+__all__ = ["BUFFERED", "MAX_TOKEN_TOTAL", "Limits", "Output", "RunFold"]
 
 # Token totals saturate here, so no sum of usage counts overflows a signed 64-bit column.
 MAX_TOKEN_TOTAL = 2**63 - 1
@@ -147,6 +147,11 @@ class Output(msgspec.Struct):
     dropped: int = 0
     failure_coerced: Coerced | None = None
 
+
+#: The Output of a delta that only joined the fold's tail (most events of a thinking run):
+#: one shared instance, so the hot path allocates nothing and a caller can tell it by
+#: identity. Never changed, by the fold or by anyone handed it.
+BUFFERED = Output([], [], None, None, [], [])
 
 _Handler = Callable[["RunFold", Any, str, Output], None]
 _ThinkingDelta = wire.ThinkingDelta
@@ -489,7 +494,7 @@ class RunFold:
             out = Output([], [], None, None, [], [])
             self._flush_thinking(out, "size", close=False)
             return self._finish(out)
-        return Output([], [], None, None, [], [])
+        return BUFFERED
 
     def _flush_thinking(self, out: Output, trigger: str, *, close: bool) -> None:
         """Write the open thinking step (and its pending chunk); close it if asked."""
@@ -648,6 +653,8 @@ class RunFold:
             self._see(ts)
         if type(event) is _ThinkingDelta:
             more = self._delta_start(event, now)
+            if more is BUFFERED:
+                more = Output([], [], None, None, [], [])  # it gets seq_gap below: not the shared one
             out.steps += more.steps
             out.deeps += more.deeps
             out.flushes += more.flushes

@@ -11,7 +11,7 @@ from functools import partial
 from collections.abc import Awaitable, Callable, Hashable, Iterable
 from typing import Any
 
-from stepstream.core.fold import Limits, Output, RunFold
+from stepstream.core.fold import BUFFERED, Limits, Output, RunFold
 from stepstream.core.records import RunState
 from stepstream.core.wire import Event
 from stepstream.errors import WireError
@@ -152,7 +152,7 @@ class Pipeline:
                 journal = self._journals[key] = Journal()
             tag = event.__struct_config__.tag
             batch.types[tag] += 1
-            if (
+            if out is BUFFERED or (
                 out.state is None
                 and out.run is None
                 and not (out.steps or out.deeps or out.flushes or out.clipped or out.dropped or out.failure_coerced)

@@ -62,11 +62,13 @@ from typing import Any, TypeVar
 
 import msgspec
 
+from stepstream.core.caps import clip_chunk, stored_body
 from stepstream.core.limits import Limits
 from stepstream.core.records import DeepRecord, RunRecord, RunState, StepRecord
 from stepstream.errors import SinkError, SinkUnavailable
 from stepstream.sinks.retention import batch_ranks
 from stepstream.sinks.semantics import (
+    DEFAULT_LIMITS,
     KEPT_RUN_FIELDS,
     RunKey,
     admit,
@@ -91,7 +93,6 @@ DEEP_COLS = tuple(f for f in DeepRecord.__struct_fields__ if f != "reasoning_off
 _STEP_ARGS = STEP_COLS.index("arguments")
 RUN_JSON = (RUN_COLS.index("environment"), RUN_COLS.index("failure"))
 DEEP_JSON_NAMES = ("arguments", "output", "call_event", "result_event")
-_DEEP_JSON = tuple(DeepRecord.__struct_fields__.index(name) for name in DEEP_JSON_NAMES)
 _KEY3 = ("company_id", "run_id", "step_seq")
 _KEY2 = ("company_id", "run_id")
 SQL_TYPES = {int: "INTEGER", bool: "INTEGER", str: "TEXT"}
@@ -258,16 +259,49 @@ def state_params(states: Sequence[RunState]) -> list[tuple[Any, ...]]:
     return [(s.company_id, s.run_id, encode(s).decode()) for s in states]
 
 
-def deep_params(deeps: Sequence[DeepRecord]) -> list[tuple[Any, ...]]:
+_DEEP_BODY_CAPS = (
+    (DeepRecord.__struct_fields__.index("arguments"), "arguments", "arguments_chars"),
+    (DeepRecord.__struct_fields__.index("output"), "output", "output_chars"),
+)
+_DEEP_REASONING = DeepRecord.__struct_fields__.index("reasoning")
+_DEEP_OFFSET = DeepRecord.__struct_fields__.index("reasoning_offset")
+_DEEP_CLIPPED = DeepRecord.__struct_fields__.index("clipped")
+_DEEP_ENVELOPES = tuple(DeepRecord.__struct_fields__.index(n) for n in ("call_event", "result_event"))
+
+
+def clipped_deep_params(deeps: Sequence[DeepRecord], limits: Limits | None, cut: list[str]) -> list[tuple[Any, ...]]:
+    """``deep_params(clip_batch(deeps, limits, cut.append))`` with each body encoded
+    once: the clip of ``core.caps`` (``clip_chunk`` for reasoning, ``stored_body`` for
+    the JSON bodies, which measures a body by the text that is stored) instead of
+    a clip that encodes every non-string body to measure it and a second encoding
+    to store it. ``cut`` hears the name of every body clipped here."""
+    limits = limits or DEFAULT_LIMITS
+    caps = [(i, name, getattr(limits, attr)) for i, name, attr in _DEEP_BODY_CAPS]
+    reasoning_cap = limits.reasoning_chars
     astuple, encode = msgspec.structs.astuple, _json.encode
     out = []
     for d in deeps:
-        row = astuple(d)
-        if d.arguments is not None or d.output is not None or d.call_event is not None or d.result_event is not None:
-            row = list(row)
-            for i in _DEEP_JSON:  # bodies and envelopes are JSON values: stored as their JSON text
-                if row[i] is not None:
-                    row[i] = encode(row[i]).decode()
+        row = list(astuple(d))
+        clipped = False
+        reasoning = row[_DEEP_REASONING]
+        if reasoning is not None:
+            text, offset, cut_here = clip_chunk(reasoning, row[_DEEP_OFFSET], reasoning_cap)
+            if cut_here:
+                row[_DEEP_REASONING], row[_DEEP_OFFSET] = text, offset
+                clipped = True
+                cut.append("reasoning")
+        for i, name, cap in caps:
+            value = row[i]
+            if value is not None:
+                row[i], cut_here = stored_body(value, cap)
+                if cut_here:
+                    clipped = True
+                    cut.append(name)
+        if clipped:
+            row[_DEEP_CLIPPED] = True
+        for i in _DEEP_ENVELOPES:
+            if row[i] is not None:
+                row[i] = encode(row[i]).decode()
         out.append(tuple(row))
     return out
 
@@ -413,16 +447,19 @@ def _write_deep(conn: sqlite3.Connection, deeps: list[DeepRecord], received: str
     """Clip the rows (``semantics.clip_batch``), then write them; returns the name of
     every body the clip cut, for the store's ``on_clip`` hook."""
     cut: list[str] = []
-    deeps = clip_batch(deeps, limits, cut.append)
     # Inside BEGIN IMMEDIATE: the tombstone check, the index and the rows are one step.
     keys = list(dict.fromkeys((d.company_id, d.run_id) for d in deeps))
     pruned = _pruned_keys(conn, keys)
     kept = [d for d in deeps if (d.company_id, d.run_id) not in pruned] if pruned else deeps
     if not kept:
+        # The bodies of pruned runs are not written, but a cut is reported all the same.
+        clip_batch(deeps, limits, cut.append)
         return cut
+    if pruned:
+        clip_batch([d for d in deeps if (d.company_id, d.run_id) in pruned], limits, cut.append)
     ranks = [(c, r, rank, last, received) for (c, r), (last, rank) in batch_ranks(kept, received).items()]
     _write_rows(conn, "deep_runs", _UPSERT_INDEX, list, ranks)
-    _write_rows(conn, "run_step_details", _UPSERT_DEEP, deep_params, kept)
+    _write_rows(conn, "run_step_details", _UPSERT_DEEP, lambda rows: clipped_deep_params(rows, limits, cut), kept)
     return cut
 
 
