@@ -31,7 +31,7 @@ from stepstream.core.wire import decode_event
 from stepstream.errors import WireError
 from stepstream.metrics import Metrics
 from stepstream.pipeline import BATCH_BYTES, NotLoaded, Pipeline
-from stepstream.sinks import open_deep_store, open_step_store
+from stepstream.sinks import open_stores
 
 
 #: A chunk is read until it holds this many bytes of lines (the last line whole) ...
@@ -104,8 +104,7 @@ async def ingest_file(
     skips the events already applied, as duplicates)."""
     report = IngestReport()
     stderr = stderr if stderr is not None else sys.stderr
-    steps = await open_step_store(steps_url)
-    deep = await open_deep_store(deep_url)
+    steps, deep = await open_stores(steps_url, deep_url)
     bad = _Rejects(rejects or path.with_name(path.name + ".rejects.jsonl"), stderr)
     try:
         # No batch timer here: a batch is written when it is full (group commit, as the
