@@ -53,7 +53,10 @@ async def corpus_run(args: argparse.Namespace, corpus: Corpus, rounds: int, tmp:
     errors: list[str] = []
     for round_ in range(rounds):
         files.append(ingest_file(corpus, tmp))
-        result = await worker_run(args, plan, corpus, sqlite, tmp)
+        try:
+            result: Throughput | str = await worker_run(args, plan, corpus, sqlite, tmp)
+        except OSError as exc:  # its /metrics did not answer in time (an overloaded machine): no figure
+            result = f"n/a: the worker's /metrics did not answer ({exc!r})"
         if isinstance(result, str):
             errors.append(result)
         else:
