@@ -14,7 +14,10 @@ kernel's start time of the process: the breakdown (``stepstream.ingest.startup``
 Beside it, the floor of any Python worker on this machine: ``python -c pass`` and
 ``python -c "import faust"`` (spawned and waited for), measured in the same rounds.
 
-Prints one line per round and the median, then ``BENCH_START_JSON {...}``.
+``--compare PYTHON`` also starts another install's worker (the interpreter of a checkout
+of an older commit) in the same rounds, interleaved, for a before/after ratio on a
+machine too busy for absolute figures. Prints one line per round and the median, then
+``BENCH_START_JSON {...}``.
 """
 
 from __future__ import annotations
@@ -59,11 +62,14 @@ def _phases(text: str) -> dict[str, float]:
     return out
 
 
-def one_start(broker: str, topic: str, tmp: Path, events: int, timeout: float = 60.0) -> dict[str, Any]:
+def one_start(broker: str, topic: str, tmp: Path, events: int, timeout: float = 60.0,
+              python: str = sys.executable) -> dict[str, Any]:  # fmt: skip
     name = f"start-{uuid.uuid4().hex[:6]}"
+    # PYTHONPATH emptied: the interpreter's own install decides which stepstream runs.
+    env = {"STEPSTREAM_LOG_LEVEL": "info", "PYTHONPATH": ""}
     spawned = time.perf_counter()
     worker = Worker(broker, topic, tmp, name, steps_sink=f"sqlite:///{tmp / (name + '.db')}", partitions=PARTITIONS,
-                    env={"STEPSTREAM_LOG_LEVEL": "info"})  # fmt: skip
+                    env=env, python=python)  # fmt: skip
     try:
         first = None
         while time.perf_counter() - spawned < timeout:
@@ -118,6 +124,13 @@ def report(result: dict[str, Any]) -> str:
             f"floor on this machine: python -c pass {result['floor']['python']:.2f}s, "
             f"python -c 'import faust' {result['floor']['import_faust']:.2f}s (medians)"
         )
+    compare = result.get("compare")
+    if compare:
+        lines.append(
+            f"beside it, in the same rounds, {compare['python']}: median {compare['median_first_durable']:.2f}s "
+            f"(rounds {', '.join(f'{r:.2f}' for r in compare['rounds'])}); "
+            f"this worker starts {compare['median_first_durable'] / med:.2f}x as fast"
+        )
     lines.append(f"load average {result['loadavg_at_start']:.1f} at the start, {result['loadavg_at_end']:.1f} at the end")
     if result["mode"] == "quick":
         lines.append("(--quick: one round; a smoke run, not comparable with the full run's median)")
@@ -130,6 +143,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--events", type=int, default=500, help="events on the topic (the first batch is a fraction)")
     parser.add_argument("--quick", action="store_true", help="one round")
+    parser.add_argument("--compare", metavar="PYTHON",
+                        help="also start the worker of another install (its interpreter, e.g. a checkout of an older "
+                             "commit's .venv/bin/python), interleaved round by round: the ratio of the medians")  # fmt: skip
     args = parser.parse_args(argv)
     if not args.broker:
         parser.error("--broker (or STEPSTREAM_TEST_BROKER) is required; `make bench` starts one")
@@ -146,6 +162,14 @@ def main(argv: list[str] | None = None) -> int:
                 result["rounds"].append(one_start(args.broker, topic, Path(tmp), args.events))
             except WorkerFailed as exc:
                 result["rounds"].append({"error": str(exc)})
+            if args.compare:
+                topic = asyncio.run(prepare(args.broker, args.events))
+                try:
+                    result.setdefault("compared", []).append(
+                        one_start(args.broker, topic, Path(tmp), args.events, python=args.compare)
+                    )
+                except WorkerFailed as exc:
+                    result.setdefault("compared", []).append({"error": str(exc)})
     good = [r["first_durable"] for r in result["rounds"] if "error" not in r]
     if good:
         result["median_first_durable"] = statistics.median(good)
@@ -154,6 +178,10 @@ def main(argv: list[str] | None = None) -> int:
             p: statistics.median([r["phases"][p] for r in result["rounds"] if p in r.get("phases", {})] or [float("nan")])
             for p in PHASES
         }
+    other = [r["first_durable"] for r in result.get("compared", []) if "error" not in r]
+    if args.compare and good and other:
+        result["compare"] = {"python": args.compare, "median_first_durable": statistics.median(other),
+                             "rounds": other}  # fmt: skip
     result["loadavg_at_end"] = os.getloadavg()[0]
     print(report(result), flush=True)
     print("BENCH_START_JSON " + json.dumps(result, default=str), flush=True)
