@@ -357,7 +357,7 @@ class StepstreamApp(faust.App):
 
     async def on_first_start(self) -> None:
         await super().on_first_start()
-        # Both before anything is consumed, side by side (one wait, not two): the stores
+        # Both before anything is consumed, at once (one wait, not two): the stores
         # (a failure exits), and the first lag poll, which gives the misrouted-record
         # check the topic's partition count (ingest.routing) for the very first fetch.
         await asyncio.gather(self.stepstream.start(), self._first_poll())

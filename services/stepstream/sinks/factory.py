@@ -20,8 +20,6 @@ option value that cannot work is a :class:`ConfigError`.
 
 from __future__ import annotations
 
-import asyncio
-
 import time
 from collections.abc import Callable
 from typing import Any
@@ -140,19 +138,18 @@ async def open_deep_store(
 async def open_stores(
     steps_url: str, deep_url: str, *, on_clip: Callable[[str], None] | None = None
 ) -> tuple[StepStore, DeepStore]:
-    """Both stores, opened at once (each SQLite store starts its own writer process:
-    side by side, a start pays for one). When either fails, the other is closed and
-    the first failure is raised."""
-    opened = await asyncio.gather(open_step_store(steps_url), open_deep_store(deep_url, on_clip=on_clip),
-                                  return_exceptions=True)  # fmt: skip
-    failure = next((o for o in opened if isinstance(o, BaseException)), None)
-    if failure is not None:
-        for store in opened:
-            if not isinstance(store, BaseException):
-                await store.close()
-        raise failure
-    steps, deep = opened
-    return steps, deep  # type: ignore[return-value]
+    """Both stores, the step store first; when the deep store fails to open, the step
+    store is closed again and the failure raised.
+
+    One after the other on purpose: two SQLite writer processes making the schema of
+    one new file at once can find it locked ("database is locked", seen under load)."""
+    steps = await open_step_store(steps_url)
+    try:
+        deep = await open_deep_store(deep_url, on_clip=on_clip)
+    except BaseException:
+        await steps.close()
+        raise
+    return steps, deep
 
 
 async def _open_deep_store(url: str, limits: Limits | None, clock: Callable[[], float]) -> DeepStore:
