@@ -10,6 +10,10 @@ import os
 import sys
 
 
+QUICK_NOTE = ("--quick: a smoke run. Its figures are NOT comparable with the full run's: smaller corpora, "
+              "one round, and worker windows of a fraction of a second.")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks")
     parser.add_argument("--broker", default=os.environ.get("STEPSTREAM_TEST_BROKER"))
@@ -21,6 +25,8 @@ def main() -> int:
 
     from benchmarks import bench_engine, bench_memory, bench_redact, bench_sinks, bench_worker
 
+    if args.quick:
+        print(QUICK_NOTE, flush=True)
     print("== engine (decode + fold vs msgspec decode alone) ==", flush=True)
     bench_engine.main(["--runs", "100", "--rounds", "2", "--open-runs", "2000"] if args.quick else [])
     print("\n== redaction (second line: near-match budget, RE2 vs re, engine on/off) ==", flush=True)
@@ -51,6 +57,13 @@ def main() -> int:
         bench_worker.main(
             ["--broker", args.broker, *(["--mongo", args.mongo] if args.mongo else []), *(["--quick"] if args.quick else [])]
         )
+        print("\n== backfill (ingest-file beside the worker into SQLite, both corpora; target >= 1.0x) ==", flush=True)
+        from benchmarks import bench_backfill, bench_start
+
+        bench_backfill.main(["--broker", args.broker, *(["--quick"] if args.quick else [])])
+        print("\n== worker start (process start to the first durable batch, with its breakdown; target <= 3 s) ==",
+              flush=True)  # fmt: skip
+        bench_start.main(["--broker", args.broker, *(["--quick"] if args.quick else [])])
         print("\n== HTTP ingest (events/s per API process, p99 at half that rate, the SDK over HTTP, beside a bare producer) ==",
               flush=True)  # fmt: skip
         from benchmarks import bench_ingest
@@ -77,6 +90,8 @@ def main() -> int:
         print("redaction near-match budget exceeded (see redact.near_match above)", file=sys.stderr)
     if not memory_ok:
         print("worker memory bound exceeded (see memory above)", file=sys.stderr)
+    if args.quick:
+        print("\n" + QUICK_NOTE, flush=True)
     return 0 if redact_ok and memory_ok and security_ok else 1
 
 

@@ -175,7 +175,8 @@ class Worker:
     ``deep_sink``, default the same), logging to ``<tmp>/<name>.log``."""
 
     def __init__(self, broker: str, topic: str, tmp: Path, name: str, *, steps_sink: str,
-                 deep_sink: str = "", partitions: int, env: dict[str, str] | None = None) -> None:  # fmt: skip
+                 deep_sink: str = "", partitions: int, env: dict[str, str] | None = None,
+                 python: str = sys.executable) -> None:  # fmt: skip
         self.name = name
         self.port = free_port()
         variables = dict(os.environ)
@@ -193,7 +194,7 @@ class Worker:
         self.log_path = tmp / f"{name}.log"
         self._log = self.log_path.open("wb")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "stepstream.cli", "worker"], env=variables, stdout=self._log, stderr=subprocess.STDOUT
+            [python, "-m", "stepstream.cli", "worker"], env=variables, stdout=self._log, stderr=subprocess.STDOUT
         )
 
     @property

@@ -58,6 +58,13 @@ class Metrics:
         )  # fmt: skip
         self.runs_pruned = Counter("stepstream_runs_pruned", "Runs whose deep bodies were pruned.", registry=r)
         self.open_runs = Gauge("stepstream_open_runs", "Runs with fold state in memory.", registry=r)
+        self.worker_start = Gauge(
+            "stepstream_worker_start_seconds",
+            "When each phase of the worker's start ended, in seconds since the process started "
+            "(imported, preflight, topics, stores, assigned, first_batch).",
+            ["phase"],
+            registry=r,
+        )
         self.stale_runs = Counter(
             "stepstream_stale_run_writes",
             "Runs whose batch rows a store refused because its stored state was already as far or further "

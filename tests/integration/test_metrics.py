@@ -151,6 +151,7 @@ async def test_every_metric_moves_on_the_metrics_page(kafka_bootstrap, tmp_path)
         "stepstream_open_runs": bool(found.get("stepstream_open_runs")),
         "stepstream_oldest_held_seconds": bool(found.get("stepstream_oldest_held_seconds")),
         "stepstream_pending_events": bool(found.get("stepstream_pending_events")),
+        "stepstream_worker_start_seconds": total(found, "stepstream_worker_start_seconds", phase="first_batch") > 0,
     }
     declared = {family.name for family in Metrics().registry.collect()}
     assert declared - set(NOT_FROM_THE_WORKER) == set(moved), "every declared metric is checked here"

@@ -38,6 +38,9 @@ SOURCE_SHA256_16 = {
     "faust.app.base.App._on_partitions_revoked": "d5c895bbe57dc73a",
     "faust.app.base.App.on_stop": "bfe5a933defb2324",
     "faust.app.base.App._on_rebalance_when_stopped": "1b172d9af8ff4eb6",
+    "faust.tables.manager.TableManager.on_start": "365dd25fbc0e0684",
+    "faust.tables.manager.TableManager._update_channels": "88e3941facc934d6",
+    "faust.tables.manager.TableManager.recovery": "f0bf5de78b4c3d23",
 }
 # Instance attributes: checked by where faust assigns them.
 ASSIGNED_IN = {

@@ -51,13 +51,14 @@ from stepstream.ingest.consumer import BatchConsumer, BatchTransport, Records
 from stepstream.ingest.dead_letters import DeadLetters
 from stepstream.ingest.lag import LagPoller
 from stepstream.ingest.routing import RouteCheck
+from stepstream.ingest.startup import StartTimes, TablelessManager
 from stepstream.pipeline.ledger import Ledger
 from stepstream.ingest.stopping import StopDeadline, flush_logs, stopping_services, waiting_threads
 from stepstream.kafka.preflight import preflight
 from stepstream.kafka.topics import ensure_topics, max_request_bytes, worker_topics
 from stepstream.metrics import Metrics
 from stepstream.pipeline import NotLoaded, Pipeline, StoreFailed
-from stepstream.sinks import open_deep_store, open_step_store
+from stepstream.sinks import open_stores
 
 log = logging.getLogger(__name__)
 
@@ -95,9 +96,12 @@ class IngestWorker:
         metrics: Metrics,
         dlq_topic: Any,
         partitions_of: Callable[[str], int | None] = lambda topic: None,
+        start_times: StartTimes | None = None,
     ) -> None:
         self.settings = settings
         self.metrics = metrics
+        self.start_times = start_times if start_times is not None else StartTimes()
+        self.start_times.bind(metrics.worker_start)
         self.lock = asyncio.Lock()
         self.ledger = Ledger()
         self.pipeline: Pipeline | None = None
@@ -119,8 +123,7 @@ class IngestWorker:
         if self.pipeline is not None:
             return
         try:
-            steps = await open_step_store(self.settings.steps_sink)
-            deep = await open_deep_store(self.settings.deep, on_clip=self._port_clipped)
+            steps, deep = await open_stores(self.settings.steps_sink, self.settings.deep, on_clip=self._port_clipped)
         except Exception as exc:  # noqa: BLE001 - every failure to open is fatal, by policy
             die("cannot open the stores", exc)
             raise
@@ -144,6 +147,7 @@ class IngestWorker:
             before_durable=self.dead_letters.confirm,
         )
         self.metrics.store_available.set(1)
+        self.start_times.mark("stores")
 
     def _port_clipped(self, field: str) -> None:
         self.metrics.clipped.labels(field).inc()
@@ -304,6 +308,8 @@ class IngestWorker:
                 except Exception as exc:  # noqa: BLE001 - never a crash that a graceful stop follows
                     log.exception("the batch timer failed")
                     die("the batch timer failed", exc)
+                if self.pipeline.written_batches and "first_batch" not in self.start_times.phases:
+                    self.start_times.mark("first_batch")
 
     async def revoked(self, consumer: Any, tps: set[Any]) -> None:
         """Write what is batched, commit it, then drop the revoked partitions' runs."""
@@ -359,9 +365,12 @@ class StepstreamApp(faust.App):
 
     async def on_first_start(self) -> None:
         await super().on_first_start()
-        await self.stepstream.start()
-        # The first poll before anything is consumed: it gives the misrouted-record check
-        # the topic's partition count (ingest.routing) for the very first fetch.
+        # Both before anything is consumed, at once (one wait, not two): the stores
+        # (a failure exits), and the first lag poll, which gives the misrouted-record
+        # check the topic's partition count (ingest.routing) for the very first fetch.
+        await asyncio.gather(self.stepstream.start(), self._first_poll())
+
+    async def _first_poll(self) -> None:
         try:
             await self.lag_poller.start()
             await self.lag_poller.poll()
@@ -378,7 +387,7 @@ class StepstreamApp(faust.App):
         log.info("a rebalance reached the stopping worker; the consumer thread's stop leaves the group")
 
 
-def create_app(settings: Settings, metrics: Metrics | None = None) -> faust.App:
+def create_app(settings: Settings, metrics: Metrics | None = None, start_times: StartTimes | None = None) -> faust.App:
     """Build the faust app from settings. Nothing happens at import time."""
     metrics = metrics or Metrics()
     app = StepstreamApp(
@@ -391,6 +400,8 @@ def create_app(settings: Settings, metrics: Metrics | None = None) -> faust.App:
         topic_partitions=settings.partitions,
         topic_allow_declare=False,
         topic_disable_leader=True,
+        # No tables: faust's table manager would sleep 1 s before the consumer subscribes.
+        TableManager=TablelessManager,
         consumer_auto_offset_reset="earliest",
         consumer_max_fetch_size=FETCH_PARTITION_BYTES,
         # Above the largest dead-letter copy (ingest/dead_letters.py); faust's default
@@ -426,7 +437,7 @@ def create_app(settings: Settings, metrics: Metrics | None = None) -> faust.App:
     if settings.otlp_topic:
         app.topics.add(app.topic(settings.otlp_topic, key_type=bytes, value_type=bytes, partitions=settings.partitions))
     poller = LagPoller(settings.kafka, settings.app_id, settings.topic, metrics, settings.lag_poll_seconds)
-    worker = IngestWorker(settings, metrics, dlq, partitions_of=poller.partitions_of)
+    worker = IngestWorker(settings, metrics, dlq, partitions_of=poller.partitions_of, start_times=start_times)
     app.stepstream = worker
     if settings.otlp_topic:
         from stepstream.ingest.otlp_bridge import bridge_for
@@ -468,6 +479,7 @@ def create_app(settings: Settings, metrics: Metrics | None = None) -> faust.App:
     @app.on_partitions_assigned.connect
     async def on_assigned(app: faust.App, assigned: set, **kwargs: Any) -> None:
         worker.assigned = True
+        worker.start_times.mark("assigned")
 
     @app.page("/metrics")
     async def metrics_page(web: Any, request: Any) -> Any:
@@ -505,10 +517,14 @@ def _still_stopping(app: faust.App) -> str:
 
 def run_worker(settings: Settings) -> int:
     """Blocking: create (or check) the topics, then run the faust worker until SIGTERM/SIGINT."""
+    times = StartTimes()
+    times.mark("imported")
     # A refused connection or ACL is one line and a non-zero exit now (KafkaRefused), not a retry loop.
     asyncio.run(preflight(settings.kafka, topics=worker_topics(settings), group=settings.app_id))
+    times.mark("preflight")
     asyncio.run(ensure_topics(settings, create=settings.create_topics))
-    app = create_app(settings)
+    times.mark("topics")
+    app = create_app(settings, start_times=times)
     worker = faust.Worker(app, loglevel=settings.log_level.upper(), quiet=True)
     # faust's startup spinner, at a level of WARN or above, sets the root logger to DEBUG
     # (and adds a handler that takes every record) for the life of the process: every

@@ -47,6 +47,10 @@ FAUST_INTERNALS: tuple[tuple[str, str], ...] = (
     ("faust.app.base.App.on_stop", "relied on: fetcher stopped, then on_before_shutdown, then consumer commit"),
     ("faust.app.base.App._on_rebalance_when_stopped", "replaced (ingest.app.StepstreamApp): it closed the "
      "consumer from the wrong event loop"),
+    ("faust.tables.manager.TableManager.on_start", "replaced (ingest.startup.TablelessManager): a 1 s sleep "
+     "before the consumer subscribes"),
+    ("faust.tables.manager.TableManager._update_channels", "called: registers the (no) tables, then subscribes"),
+    ("faust.tables.manager.TableManager.recovery", "called: started as faust's on_start starts it"),
 )
 
 Records = dict[Any, list[Any]]

@@ -6,7 +6,7 @@ ports they return are the Protocols in :mod:`stepstream.sinks.ports`. Backends:
 default) and ``mongodb`` (optional extra). See ``docs/sinks.md``.
 """
 
-from stepstream.sinks.factory import open_deep_store, open_step_store
+from stepstream.sinks.factory import open_deep_store, open_step_store, open_stores
 from stepstream.sinks.ports import (
     Capabilities,
     DeepStore,
@@ -27,4 +27,5 @@ __all__ = [
     "StepStore",
     "open_deep_store",
     "open_step_store",
+    "open_stores",
 ]

@@ -135,6 +135,23 @@ async def open_deep_store(
     return store
 
 
+async def open_stores(
+    steps_url: str, deep_url: str, *, on_clip: Callable[[str], None] | None = None
+) -> tuple[StepStore, DeepStore]:
+    """Both stores, the step store first; when the deep store fails to open, the step
+    store is closed again and the failure raised.
+
+    One after the other on purpose: two SQLite writer processes making the schema of
+    one new file at once can find it locked ("database is locked", seen under load)."""
+    steps = await open_step_store(steps_url)
+    try:
+        deep = await open_deep_store(deep_url, on_clip=on_clip)
+    except BaseException:
+        await steps.close()
+        raise
+    return steps, deep
+
+
 async def _open_deep_store(url: str, limits: Limits | None, clock: Callable[[], float]) -> DeepStore:
     scheme = _scheme(url)
     if scheme == "memory":
