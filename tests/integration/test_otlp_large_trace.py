@@ -95,7 +95,9 @@ def _tree_hwm_mib(pid: int) -> float:
             children = Path(f"/proc/{p}/task/{p}/children").read_text().split()
         except OSError:
             continue
-        total += next(int(line.split()[1]) for line in status.splitlines() if line.startswith("VmHWM:")) / 1024
+        # A process that is exiting (a zombie) has no memory lines left: it adds nothing.
+        hwm = next((int(line.split()[1]) for line in status.splitlines() if line.startswith("VmHWM:")), 0)
+        total += hwm / 1024
         todo.extend(int(c) for c in children)
     return total
 
