@@ -149,6 +149,10 @@ async def _random_faults(scenario: Scenario, events, companies, golden, *, slice
             second_left += 1
             second = None
         if i % 3 == 2:
+            # Killed only once a fault has hit it: under load a worker can still be
+            # importing when its slice ends, and a kill then tests nothing of the faults.
+            await wait_for(lambda pid=main.pid: any(e["pid"] == pid for e in read_log(plan)), 120,
+                           f"a fault to hit worker {main.pid} before its kill")  # fmt: skip
             main.kill()
             kills += 1
             main = scenario.start_worker(name=f"m{kills}", **env)
