@@ -85,7 +85,7 @@ fi
 if ((secure)); then
     # The ACLs of docs/operations.md, on test prefixes, applied over the super-user listener.
     deploy/kafka/acls.sh --apply --prefixed --bootstrap "$(sed -n 's/^PLAINTEXT=//p' "$work/kafka-secure/secure/listeners")" \
-        --topic secure.raw. --dlq secure.dlq. --group secure-group- \
+        --topic secure.raw. --dlq secure.dlq. --group secure-group- --api-ingest User:agents \
         || { echo "with-servers.sh: the secure broker's ACLs could not be applied" >&2; exit 1; }
     export STEPSTREAM_TEST_SECURE_KAFKA="$work/kafka-secure/secure"
 fi

@@ -6,7 +6,8 @@
 #   deploy/kafka/acls.sh [--bootstrap HOST:PORT] [--command-config FILE]
 #                        [--topic RAW] [--dlq DLQ] [--group GROUP] [--prefixed]
 #                        [--agents PRINCIPAL] [--worker PRINCIPAL] [--compactor PRINCIPAL]
-#                        [--worker-creates-topics] [--api-ingest PRINCIPAL] [--otlp-topic OTLP] [--apply]
+#                        [--worker-creates-topics] [--api-ingest PRINCIPAL] [--api-transactional-id PREFIX]
+#                        [--otlp-topic OTLP] [--apply]
 #
 # Defaults: --topic stepstream.events, --dlq RAW.dlq, --group stepstream-worker (the
 # worker's app id), principals User:agents, User:worker, User:compactor. --prefixed
@@ -14,7 +15,9 @@
 # means literal names). --worker-creates-topics also lets the worker CREATE both topics
 # (else run it with --no-create-topics and let an admin create them). The API needs no
 # ACL, unless it serves the ingest route (stepstream api --ingest): --api-ingest
-# PRINCIPAL grants that principal WRITE on the raw topic, like the agents. --otlp-topic
+# PRINCIPAL grants that principal WRITE on the raw topic, like the agents, and WRITE and
+# DESCRIBE on the transactional ids starting with PREFIX (stepstream-api, the API's
+# STEPSTREAM_INGEST_TRANSACTIONAL_ID): its producers are transactional. --otlp-topic
 # OTLP (STEPSTREAM_OTLP_TOPIC) lets the worker READ it, and the --api-ingest principal
 # WRITE it (POST /v1/traces); an OpenTelemetry Collector writing to it needs WRITE too. --apply
 # runs each command with the Kafka jars kafka.sh fetched (KAFKA_LIBS, or the cache);
@@ -23,7 +26,7 @@ set -euo pipefail
 
 bootstrap="127.0.0.1:9092" command_config="" topic="stepstream.events" dlq="" group="stepstream-worker"
 agents="User:agents" worker="User:worker" compactor="User:compactor"
-pattern="literal" creates=0 apply=0 api="" otlp=""
+pattern="literal" creates=0 apply=0 api="" otlp="" txn_prefix="stepstream-api"
 while (($#)); do
     case "$1" in
         --bootstrap) bootstrap="${2:?}"; shift 2 ;;
@@ -37,6 +40,7 @@ while (($#)); do
         --prefixed) pattern="prefixed"; shift ;;
         --worker-creates-topics) creates=1; shift ;;
         --api-ingest) api="${2:?}"; shift 2 ;;
+        --api-transactional-id) txn_prefix="${2:?}"; shift 2 ;;
         --otlp-topic) otlp="${2:?}"; shift 2 ;;
         --apply) apply=1; shift ;;
         -h|--help) sed -n '2,24s/^# \{0,1\}//p' "${BASH_SOURCE[0]}"; exit 0 ;;
@@ -79,6 +83,9 @@ if [[ -n "$api" ]]; then
     note " api ($api), serving the ingest route (stepstream api --ingest): WRITE on the raw topic, as the agents."
     grant --allow-principal "$api" --operation Write "${named[@]}" --topic "$topic"
     grant --allow-principal "$api" --operation IdempotentWrite --cluster
+    note " api: WRITE and DESCRIBE on its transactional ids ($txn_prefix-HOST-PID-...: its producers are transactional)."
+    grant --allow-principal "$api" --operation Write --operation Describe --resource-pattern-type prefixed \
+        --transactional-id "$txn_prefix"
     if [[ -n "$otlp" ]]; then
         note " api: WRITE on the OTLP topic (POST /v1/traces)."
         grant --allow-principal "$api" --operation Write "${named[@]}" --topic "$otlp"

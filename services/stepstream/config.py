@@ -7,6 +7,7 @@ Nothing else in stepstream reads the environment: every component takes a frozen
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 
 import msgspec
@@ -114,9 +115,11 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # Per company: a token bucket of events refilled at this rate (0: no limit), 429 when empty.
     ingest_rate_events: float = 10_000.0
     ingest_burst_events: int = 50_000  # at least ingest_max_events
-    ingest_timeout_seconds: float = 10.0  # every acknowledgement within this, else 503
-    ingest_max_inflight_bytes: int = 67_108_864  # sent, not yet acknowledged; 503 past it
+    ingest_timeout_seconds: float = 10.0  # each request's transaction committed within this, else 503
+    ingest_max_inflight_bytes: int = 67_108_864  # produced, not yet committed; 503 past it
     ingest_max_requests: int = 32  # ingest requests served at once per process; 503 past it
+    # The prefix of the ingest producers' transactional.id: {prefix}-{hostname}-{pid}-{slot}.
+    ingest_transactional_id: str = "stepstream-api"
 
     @property
     def kafka(self) -> KafkaConnection:
@@ -171,6 +174,8 @@ def load_settings(overrides: Mapping[str, object] | None = None, environ: Mappin
         raise ConfigError("bad setting: ingest_* bounds must be at least 1, the rate at least 0, the timeout 0..600 s")
     if settings.ingest_rate_events > 0 and settings.ingest_burst_events < settings.ingest_max_events:
         raise ConfigError("bad setting: ingest_burst_events must be at least ingest_max_events")
+    if not re.fullmatch(r"[A-Za-z0-9._-]{1,200}", settings.ingest_transactional_id):
+        raise ConfigError("bad setting: ingest_transactional_id must be 1-200 of A-Z a-z 0-9 . _ -")
     connection = KafkaConnection.from_env(env, kafka_overrides, brokers=settings.broker)
     return msgspec.structs.replace(settings, broker=connection.brokers, connection=connection)
 

@@ -200,15 +200,19 @@ class IngestMetrics:
             ["reason"], registry=r,
         )  # fmt: skip
         self.produce_latency = Histogram(
-            "stepstream_ingest_produce_seconds", "First record sent to the last acknowledgement, per accepted request.",
+            "stepstream_ingest_produce_seconds", "Request received by the producer to its transaction committed, per accepted request.",
             buckets=_PRODUCE_BUCKETS, registry=r,
         )  # fmt: skip
         self.produce_failures = Counter(
             "stepstream_ingest_produce_failures", "Ingest requests answered 503 by the producer, by cause (timeout, refused).",
             ["cause"], registry=r,
         )  # fmt: skip
+        self.transactions = Counter(
+            "stepstream_ingest_transactions", "Kafka transactions of the ingest producers, by outcome (committed, aborted).",
+            ["outcome"], registry=r,
+        )  # fmt: skip
         self.inflight_bytes = Gauge(
-            "stepstream_ingest_inflight_bytes", "Bytes sent to the broker and not yet acknowledged (bounded).", registry=r
+            "stepstream_ingest_inflight_bytes", "Bytes produced to the broker and not yet committed (bounded).", registry=r
         )
         self.connected = Gauge(
             "stepstream_ingest_connected", "1 while the ingest producer is connected to Kafka, else 0.", registry=r

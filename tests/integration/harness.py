@@ -353,12 +353,16 @@ async def committed_offsets(broker: str, group: str, topic: str, partitions: int
 
 
 async def read_topic(broker: str, topic: str, timeout: float = 60.0) -> list:
-    """Every record of ``topic`` up to its current log end, per partition in offset order."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=broker, enable_auto_commit=False, auto_offset_reset="earliest")
+    """Every record of ``topic`` up to its current log end, per partition in offset order
+    (of committed transactions only, as the worker reads: the API's ingest route
+    produces in transactions; a partition is at its end when the consumer's position,
+    which passes over transaction markers, is)."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=broker, enable_auto_commit=False, auto_offset_reset="earliest",
+                                isolation_level="read_committed")  # fmt: skip
     await consumer.start()
     try:
         tps = await _topic_partitions(consumer, topic)
-        ends = await consumer.end_offsets(tps)
+        ends = await _settled_ends(broker, consumer, tps)
         consumer.assign(tps)
         await consumer.seek_to_beginning(*tps)
         records: list = []
@@ -370,12 +374,30 @@ async def read_topic(broker: str, topic: str, timeout: float = 60.0) -> list:
             batch = await consumer.getmany(*remaining, timeout_ms=1000)
             for tp, got in batch.items():
                 records.extend(r for r in got if r.offset < ends[tp])
-                if got and got[-1].offset >= ends[tp] - 1:
+            for tp in list(remaining):
+                if await consumer.position(tp) >= ends[tp]:
                     remaining.discard(tp)
         records.sort(key=lambda r: (r.partition, r.offset))
         return records
     finally:
         await consumer.stop()
+
+
+async def _settled_ends(broker: str, committed: AIOKafkaConsumer, tps: list, timeout: float = 10.0) -> dict:
+    """The last stable offsets once they equal the log ends (no transaction open), or
+    after ``timeout``: a commit's markers are written just after the producer's commit
+    returned (and the API answered 202)."""
+    probe = AIOKafkaConsumer(bootstrap_servers=broker, enable_auto_commit=False)
+    await probe.start()
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            stable, ends = await committed.end_offsets(tps), await probe.end_offsets(tps)
+            if stable == ends or time.monotonic() > deadline:
+                return stable
+            await asyncio.sleep(0.02)
+    finally:
+        await probe.stop()
 
 
 async def golden_dump(events, base: Path, companies: list[str]) -> dict:

@@ -141,16 +141,20 @@ class IngestApp:
 
 
 class TopicTail:
-    """Reads what was appended to a topic since the last :meth:`read` (all partitions)."""
+    """Reads what was appended to a topic since the last :meth:`read` (all partitions):
+    what the worker reads (``read_committed``: committed transactions, up to the last
+    stable offsets), or with ``committed=False`` every record written."""
 
-    def __init__(self, broker: str, topic: str) -> None:
+    def __init__(self, broker: str, topic: str, *, committed: bool = True) -> None:
         self.broker, self.topic = broker, topic
+        self.isolation = "read_committed" if committed else "read_uncommitted"
         self.consumer: AIOKafkaConsumer | None = None
+        self.probe: AIOKafkaConsumer | None = None
         self.tps: list[TopicPartition] = []
 
     async def start(self) -> TopicTail:
         self.consumer = AIOKafkaConsumer(bootstrap_servers=self.broker, enable_auto_commit=False, fetch_max_wait_ms=20,
-                                         auto_offset_reset="earliest")  # fmt: skip
+                                         auto_offset_reset="earliest", isolation_level=self.isolation)  # fmt: skip
         await self.consumer.start()
         parts = self.consumer.partitions_for_topic(self.topic) or set()
         while not parts:
@@ -159,11 +163,32 @@ class TopicTail:
         self.tps = [TopicPartition(self.topic, p) for p in sorted(parts)]
         self.consumer.assign(self.tps)
         await self.consumer.seek_to_beginning(*self.tps)
+        if self.isolation == "read_committed":  # the log ends, for settle()
+            self.probe = AIOKafkaConsumer(bootstrap_servers=self.broker, enable_auto_commit=False)
+            await self.probe.start()
         return self
 
-    async def read(self, timeout: float = 30.0) -> list[tuple[int, bytes, bytes]]:
-        """``(partition, key, value)`` of every record up to the log ends as of now."""
+    async def settle(self, timeout: float) -> bool:
+        """Wait (up to ``timeout``) until no transaction is open on the topic: the last
+        stable offsets equal the log ends. A commit's markers are written after the
+        producer's commit returned, so a 202 can come just before its records are
+        readable committed."""
+        assert self.consumer is not None and self.probe is not None
+        deadline = time.monotonic() + timeout
+        while True:
+            stable, ends = await self.consumer.end_offsets(self.tps), await self.probe.end_offsets(self.tps)
+            if stable == ends:
+                return True
+            if time.monotonic() > deadline:
+                return False
+            await asyncio.sleep(0.02)
+
+    async def read(self, timeout: float = 30.0, *, settle: float = 10.0) -> list[tuple[int, bytes, bytes]]:
+        """``(partition, key, value)`` of every record up to the log ends as of now (read
+        committed: once no transaction is open, or ``settle`` seconds passed)."""
         assert self.consumer is not None
+        if self.probe is not None:
+            await self.settle(settle)
         ends = await self.consumer.end_offsets(self.tps)
         out: list[tuple[int, bytes, bytes]] = []
         deadline = time.monotonic() + timeout
@@ -177,6 +202,8 @@ class TopicTail:
     async def stop(self) -> None:
         if self.consumer is not None:
             await self.consumer.stop()
+        if self.probe is not None:
+            await self.probe.stop()
 
 
 async def create_topic(broker: str, partitions: int = 3) -> str:

@@ -1,6 +1,7 @@
 """faust internals the batch consumer relies on (``stepstream.ingest.consumer``).
 
-Batch delivery touches private names of faust-streaming 0.15.3. This test pins the
+Batch delivery touches private names of faust-streaming 0.15.3 (and of aiokafka: the
+isolation level, the positions). This test pins the
 version and the source of every one of them, and fails naming the internal that
 changed: read the new source, check the batch consumer still holds (see the module
 docstring of ``stepstream.ingest.consumer`` for what each is used for), then update
@@ -41,6 +42,10 @@ SOURCE_SHA256_16 = {
     "faust.tables.manager.TableManager.on_start": "365dd25fbc0e0684",
     "faust.tables.manager.TableManager._update_channels": "88e3941facc934d6",
     "faust.tables.manager.TableManager.recovery": "f0bf5de78b4c3d23",
+    "faust.transport.drivers.aiokafka.Consumer._new_consumer_thread": "0870ec53dea75083",
+    "faust.transport.drivers.aiokafka.AIOKafkaConsumerThread._create_worker_consumer": "c2701bfc3e6f6cad",
+    "aiokafka.consumer.subscription_state.Assignment.state_value": "183fea82ef48f3e6",
+    "aiokafka.consumer.subscription_state.TopicPartitionState.position": "816b6b289bd14f5c",
 }
 # Instance attributes: checked by where faust assigns them.
 ASSIGNED_IN = {
@@ -51,6 +56,16 @@ ASSIGNED_IN = {
     "faust.app.base.App.consumer_generation_id": (
         "faust.transport.drivers.aiokafka.ConsumerRebalanceListener.on_partitions_assigned",
         "self._thread.app.consumer_generation_id = generation",
+    ),
+    "faust.transport.drivers.aiokafka.AIOKafkaConsumerThread._consumer": (
+        "faust.transport.drivers.aiokafka.AIOKafkaConsumerThread.on_start",
+        "self._consumer = self._create_consumer(loop=self.thread_loop)",
+    ),
+    "aiokafka.consumer.consumer.AIOKafkaConsumer._isolation_level": (
+        "aiokafka.consumer.consumer.AIOKafkaConsumer.start", "isolation_level=self._isolation_level,"
+    ),
+    "aiokafka.consumer.consumer.AIOKafkaConsumer._subscription": (
+        "aiokafka.consumer.consumer.AIOKafkaConsumer.__init__", "self._subscription = SubscriptionState(loop=loop)"
     ),
 }
 

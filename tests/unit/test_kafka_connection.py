@@ -197,7 +197,24 @@ def test_the_librdkafka_config_is_the_same_connection() -> None:
     full = producer_config(kafka, timeout_seconds=3, max_inflight_bytes=1 << 20, max_request_bytes=1 << 20)
     assert (full["enable.idempotence"], full["acks"], full["partitioner"]) == (True, "all", "murmur2_random")
     assert full["allow.auto.create.topics"] is False and full["message.timeout.ms"] == 3000
+    # A transaction outlives the commit of the other slot and its own: two timeouts.
+    assert full["transaction.timeout.ms"] == 2 * 3000 + 5000 and "transactional.id" not in full
     Producer(full).flush(0)  # every key and value is one librdkafka knows (an unknown one raises)
+    Producer(dict(full, **{"transactional.id": "stepstream-api-h-1-0-0"})).flush(0)
+
+
+def test_transactional_ids_differ_per_process_and_log_and_slot_and_repeat_on_restart() -> None:
+    from stepstream.api.kafka_log import transactional_ids
+
+    one = transactional_ids("stepstream-api", 2, host="pod-a", pid=1)
+    assert one == ["stepstream-api-pod-a-1-0-0", "stepstream-api-pod-a-1-0-1"]
+    assert transactional_ids("stepstream-api", 2, host="pod-a", pid=1) == one  # a restart in its pod: the same
+    others = [transactional_ids("stepstream-api", 2, host="pod-b", pid=1),
+              transactional_ids("stepstream-api", 2, host="pod-a", pid=2),
+              transactional_ids("stepstream-api", 2, host="pod-a", pid=1, instance=1)]  # fmt: skip
+    everything = one + [i for ids in others for i in ids]
+    assert len(set(everything)) == len(everything)
+    assert all(i.startswith("stepstream-api-") for i in everything)  # the ACL's prefix
 
 
 def test_an_unreadable_ca_file_is_a_config_error_for_librdkafka_too(tmp_path) -> None:

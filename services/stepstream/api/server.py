@@ -40,6 +40,7 @@ def build_ingest(settings: Settings, metrics: ApiMetrics) -> Ingest:
         timeout_seconds=settings.ingest_timeout_seconds,
         max_inflight_bytes=settings.ingest_max_inflight_bytes,
         max_request_bytes=max_request_bytes(settings.max_event_bytes),
+        transactional_id=settings.ingest_transactional_id,
     )
     limits = IngestLimits(
         max_body_bytes=settings.ingest_max_body_bytes,

@@ -9,9 +9,17 @@ message, about 100 us of CPU each): :meth:`BatchConsumer._drain_messages` takes 
 handler, and faust's commit loop asks the worker's :class:`~stepstream.pipeline.ledger.Ledger`
 what to commit (``_new_offset`` returns the partition's durable watermark).
 
-This leans on private names of faust-streaming 0.15.3 (the exact pin); every one of
-them is listed in :data:`FAUST_INTERNALS` and ``tests/unit/test_faust_internals.py``
-fails by name when one changes.
+The consumer reads ``read_committed``: what the API's ingest route produced inside a
+transaction that was aborted is never delivered, and nothing of an open transaction
+either (the partition is read up to its last stable offset). Transactions leave
+offsets without a record to deliver (each commit's marker, aborted records): after
+each fetch, the position aiokafka reached in a partition whose records were delivered
+is handed to the ledger (:meth:`~stepstream.pipeline.ledger.Ledger.skipped`), so the
+commit moves past them and the next fetch's first record is not taken for a lost fetch.
+
+This leans on private names of faust-streaming 0.15.3 and aiokafka (the exact pins);
+every one of them is listed in :data:`FAUST_INTERNALS` and
+``tests/unit/test_faust_internals.py`` fails by name when one changes.
 """
 
 from __future__ import annotations
@@ -51,11 +59,28 @@ FAUST_INTERNALS: tuple[tuple[str, str], ...] = (
      "before the consumer subscribes"),
     ("faust.tables.manager.TableManager._update_channels", "called: registers the (no) tables, then subscribes"),
     ("faust.tables.manager.TableManager.recovery", "called: started as faust's on_start starts it"),
+    ("faust.transport.drivers.aiokafka.Consumer._new_consumer_thread", "replaced: installs CommittedConsumerThread"),
+    ("faust.transport.drivers.aiokafka.AIOKafkaConsumerThread._create_worker_consumer", "wrapped: the consumer it "
+     "builds reads committed"),
+    ("faust.transport.drivers.aiokafka.AIOKafkaConsumerThread._consumer", "read: the aiokafka consumer"),
+    ("aiokafka.consumer.consumer.AIOKafkaConsumer._isolation_level", "set before start: read_committed"),
+    ("aiokafka.consumer.consumer.AIOKafkaConsumer._subscription", "read: each partition's position after a fetch"),
+    ("aiokafka.consumer.subscription_state.Assignment.state_value", "called: a partition's state"),
+    ("aiokafka.consumer.subscription_state.TopicPartitionState.position", "read: the next offset to consume"),
 )
 
 Records = dict[Any, list[Any]]
 # Returns whether it left some partition's records undelivered.
 BatchHandler = Callable[[Records, Callable[[Any], bool]], Awaitable[bool]]
+
+
+class CommittedConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
+    """faust's consumer thread, whose aiokafka consumer reads ``read_committed``."""
+
+    def _create_worker_consumer(self, transport: Any) -> Any:
+        consumer = super()._create_worker_consumer(transport)
+        consumer._isolation_level = "read_committed"  # read by AIOKafkaConsumer.start(), for its Fetcher
+        return consumer
 
 
 class BatchConsumer(faust_aiokafka.Consumer):
@@ -75,6 +100,24 @@ class BatchConsumer(faust_aiokafka.Consumer):
         self._gap_tried: dict[Any, int] = {}
         self._sought: dict[Any, int] = {}
         self._reseek = False
+
+    def _new_consumer_thread(self) -> CommittedConsumerThread:
+        return CommittedConsumerThread(self, loop=self.loop, beacon=self.beacon)
+
+    def _positions(self, tps: Any) -> dict[Any, int]:
+        """aiokafka's position (the next offset it will consume) of each of ``tps`` that
+        has one. Read between fetches only: nothing else moves it then."""
+        consumer = getattr(self._thread, "_consumer", None)
+        subscription = None if consumer is None else consumer._subscription.subscription
+        assignment = None if subscription is None else subscription.assignment
+        if assignment is None:
+            return {}
+        out = {}
+        for tp in tps:
+            state = assignment.state_value(tp)
+            if state is not None and state.has_valid_position:
+                out[tp] = state.position
+        return out
 
     async def _drain_messages(self, fetcher: Any) -> None:  # the fetch loop, replaced
         consumer_should_stop = self._stopped.is_set
@@ -131,6 +174,9 @@ class BatchConsumer(faust_aiokafka.Consumer):
                     continue
                 assignment = self.assignment()
                 await self._seek_gaps(records)
+                # Before the next fetch moves them: where this fetch left each partition
+                # it delivers, past any transaction marker or aborted records it skipped.
+                reached = self._positions([tp for tp, batch in records.items() if batch])
                 pending = fetch()
 
                 def current(tp: Any) -> bool:
@@ -141,6 +187,11 @@ class BatchConsumer(faust_aiokafka.Consumer):
                 # cutting a store write in half; nothing new starts after it.
                 if await asyncio.shield(self.handler(records, current)):
                     self._reseek = True  # it left records undelivered (a rebalance began)
+                else:
+                    ledger = self.ledger
+                    for tp, offset in reached.items():
+                        if ledger is not None and current(tp) and ledger.next_offset(tp) == records[tp][-1].offset + 1:
+                            ledger.skipped(tp, offset)
                 for tp, batch in records.items():
                     if batch:
                         self._read_offset[tp] = batch[-1].offset

@@ -45,7 +45,9 @@ class LagPoller:
             self._kafka.check_protocol(effective_protocol(admin), "the lag poller's admin client")
             await admin.start()
             self._admin = admin
-        consumer = AIOKafkaConsumer(**self._kafka.aiokafka_kwargs(), enable_auto_commit=False, client_id="stepstream-lag")
+        # read_committed: the ends are the last stable offsets, as far as the worker reads.
+        consumer = AIOKafkaConsumer(**self._kafka.aiokafka_kwargs(), enable_auto_commit=False, client_id="stepstream-lag",
+                                    isolation_level="read_committed")  # fmt: skip
         self._kafka.check_protocol(effective_protocol(consumer), "the lag poller's consumer")
         await consumer.start()
         self._consumer = consumer

@@ -57,6 +57,14 @@ class Ledger:
             self._open[tp] = first
         self._next[tp] = last + 1
 
+    def skipped(self, tp: Hashable, to: int) -> None:
+        """The offsets from the last delivered one up to ``to`` (exclusive) hold no record
+        to deliver (the consumer passed over transaction markers or aborted records
+        there): the watermark may move past them. Ignored before ``tp``'s first delivery."""
+        mark = self._next.get(tp)
+        if mark is not None and to > mark:
+            self._next[tp] = to
+
     def next_offset(self, tp: Hashable) -> int | None:
         """The offset after the last delivered one, ``None`` before the first delivery."""
         return self._next.get(tp)
