@@ -6,9 +6,13 @@ worker reads ``read_committed``, so what an aborted transaction wrote is never f
 Transactions are shared (group commit): the requests that arrive while one transaction
 commits are produced into the next one, and are answered together when it commits.
 
-Each API process keeps ``producers`` (2) transactional librdkafka producers
-(confluent-kafka), each a *slot*: while one commits, the other collects, so the commit
-round trips overlap instead of queueing. A slot's ``transactional.id`` is
+Each API process keeps ``producers`` (3) transactional librdkafka producers
+(confluent-kafka), each a *slot*. One commits at a time while another collects the
+requests that arrive meanwhile, so requests never wait for a commit they are not in;
+the third lets each producer rest one round between its transactions: a transaction
+begun before the coordinator has written the previous one's markers is refused its
+partitions (``CONCURRENT_TRANSACTIONS``) and librdkafka retries some 20 ms later,
+which would add that to every request. The slot idle the longest is opened next. A slot's ``transactional.id`` is
 ``{prefix}-{hostname}-{pid}-{log}-{slot}`` (``STEPSTREAM_INGEST_TRANSACTIONAL_ID``,
 default ``stepstream-api``; ``log`` counts the event logs of one process, 0 for the
 API's only one): distinct for two processes (two hosts, or two pids on one host), and
@@ -113,7 +117,7 @@ def producer_config(
         "linger.ms": 2,
         "message.timeout.ms": timeout_ms,
         "request.timeout.ms": min(30_000, timeout_ms),
-        # A transaction is open while its slot collects (at most one other slot's commit)
+        # A transaction is open while its slot collects (while one other slot commits)
         # and while it commits: two timeouts; the coordinator aborts it past this.
         "transaction.timeout.ms": 2 * timeout_ms + 5000,
         "message.max.bytes": max_request_bytes,
@@ -156,7 +160,8 @@ class _Slot:
     the transaction it has open (collecting, or committing while ``committing``);
     ``broken``: the producer must be replaced before it is used again."""
 
-    __slots__ = ("index", "transactional_id", "producer", "generation", "ready", "broken", "committing", "group")
+    __slots__ = ("index", "transactional_id", "producer", "generation", "ready", "broken", "committing", "group",
+                 "idle_since")
 
     def __init__(self, index: int, transactional_id: str) -> None:
         self.index = index
@@ -167,6 +172,7 @@ class _Slot:
         self.broken = False
         self.committing = False
         self.group: _Group | None = None
+        self.idle_since = 0.0  # when its last transaction ended
 
 
 class KafkaEventLog:
@@ -183,7 +189,7 @@ class KafkaEventLog:
         max_inflight_bytes: int = 67_108_864,
         max_request_bytes: int = 1_048_576 + 65_536,
         transactional_id: str = DEFAULT_TRANSACTIONAL_ID,
-        producers: int = 2,
+        producers: int = 3,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if producers < 1:
@@ -360,6 +366,8 @@ class KafkaEventLog:
             return
         if fatal:  # this producer cannot go on: not used again; replaced by _connect when idle
             slot.broken, slot.ready = True, False
+            if slot is self._open:  # its requests are answered now (the commit fails), not joined by more
+                self._schedule(force=True)
             if not any(s.ready for s in self._slots):
                 self._disconnected()
             self._probe()
@@ -479,7 +487,9 @@ class KafkaEventLog:
                 return self._open
             if not self._connected:
                 raise LogUnavailable("Kafka is not connected", cause="unavailable", retry_after=2)
-            for slot in self._slots:
+            # The slot idle the longest: its last commit's markers are most likely written
+            # (a transaction begun before they are waits for the coordinator: about 20 ms).
+            for slot in sorted(self._slots, key=lambda s: s.idle_since):
                 if slot.ready and not slot.committing and slot.group is None:
                     try:
                         slot.producer.begin_transaction()  # local: no broker round trip
@@ -504,13 +514,15 @@ class KafkaEventLog:
                 pass
 
     def _schedule(self, *, force: bool = False) -> None:
-        """Commit the open transaction now if that leaves a slot to collect the next
-        one (or with ``force``); else it keeps collecting until a commit ends."""
+        """Commit the open transaction now if no other commit is running (or with
+        ``force``); else it keeps collecting until that commit ends. One commit at a
+        time makes the transactions as large as the commit's round trips allow, which
+        is what costs the broker least (on a broker sharing two cores with the API, its
+        CPU per transaction is what bounds the rate)."""
         slot = self._open
         if slot is None or slot.group is None or not slot.group.waiters:
             return
-        ready = sum(1 for s in self._slots if s.ready)
-        if not force and self._committing >= max(1, ready - 1):
+        if not force and self._committing:
             return
         self._open = None
         slot.committing = True
@@ -542,6 +554,7 @@ class KafkaEventLog:
         finally:
             slot.committing = False
             slot.group = None
+            slot.idle_since = time.monotonic()
             self._committing -= 1
             self._release(group.size)
             for answer in group.waiters:
