@@ -20,8 +20,11 @@ Run-wide reads (``get_steps``, ``list_runs``, purges) filter on the key fields,
 which MongoDB serves from the indexes and FerretDB-on-SQLite by a scan.
 
 **Reads per batch.** The rows a batch needs to see (stored states, reasoning,
-index entries) are read in one ``{_id: {$in: ids}}`` query per collection, never
-one request per key. Even FerretDB's pushed-down ``{_id: value}`` is a scan of
+index entries) are read in one ``{company_id, _id: {$in: ids}}`` query per
+collection and company (at most :data:`READ_QUERIES_MAX` per collection, companies
+grouped past that), all at once, never one request per key: FerretDB pushes the
+``company_id`` equality down to PostgreSQL (never ``$in``), so it decodes one
+company's documents instead of the whole collection's. Even FerretDB's pushed-down ``{_id: value}`` is a scan of
 the table inside SQLite (its SQL says ``->'$._id'``, its ``_id`` index is on
 ``->"_id"``, so SQLite does not use it), and its ``$in`` is one scan in Go that
 costs about five of those: against FerretDB up to
@@ -266,6 +269,16 @@ def _concern_text(document: dict[str, Any]) -> str:
 
 FERRETDB_UPDATES_PER_COMMAND = 16
 FERRETDB_LOOKUPS_MAX = 4
+# The write path's reads of one collection per batch: one query per company, at most this
+# many queries (more companies share queries, grouped).
+READ_QUERIES_MAX = 16
+
+
+def _company_groups(companies: list[str]) -> list[list[str]]:
+    """``companies`` in at most :data:`READ_QUERIES_MAX` groups, one company each while
+    they fit (a query's ``company_id`` is then an equality, which FerretDB pushes down)."""
+    count = min(len(companies), READ_QUERIES_MAX)
+    return [companies[i::count] for i in range(count)]
 
 
 async def _gather(*calls: Awaitable[Any]) -> list[Any]:
@@ -329,23 +342,39 @@ class _Connection:
         self.client = self.db = self.primary = None
 
     async def find_by_id(
-        self, collection: str, ids: Sequence[str], projection: dict[str, Any]
+        self, collection: str, keys: Sequence[tuple[str, str]], projection: dict[str, Any]
     ) -> dict[str, dict[str, Any]]:
-        """The documents of ``collection`` with these ``_id`` s, keyed by ``_id``
-        (absent ones are missing): one ``{_id: {$in: ids}}`` query. Against FerretDB,
-        up to :data:`FERRETDB_LOOKUPS_MAX` ids are looked up one by one instead: its
-        SQLite backend filters a lone ``{_id: value}`` in SQL (a scan of the table in
-        SQLite) but evaluates ``$in`` itself over every document of the collection,
-        which costs about as much as five such lookups and then no more for more ids."""
-        ids = list(dict.fromkeys(ids))
-        if not ids:
+        """The documents of ``collection`` with these ``(company_id, _id)`` s, keyed by
+        ``_id`` (absent ones are missing): one ``{company_id, _id: {$in: ids}}`` query
+        per company, at most :data:`READ_QUERIES_MAX` of them at once (past that many
+        companies, each query names a group of them, ``company_id: {$in: [...]}``).
+        FerretDB pushes only an equality of a top-level field down to its backend
+        (``$in`` and ``$or`` it evaluates itself, over every document the backend
+        returns): with ``company_id`` equal, PostgreSQL hands it that company's
+        documents, not the whole collection; on a sharded MongoDB the filter also
+        names the shard key's prefix. Against FerretDB, up to
+        :data:`FERRETDB_LOOKUPS_MAX` ids are looked up one by one instead: its SQLite
+        backend filters a lone ``{_id: value}`` in SQL (a scan of the table in SQLite)
+        but evaluates ``$in`` itself over every document of the collection, which costs
+        about as much as five such lookups and then no more for more ids."""
+        by_company: dict[str, dict[str, None]] = {}
+        for company_id, _id in keys:
+            by_company.setdefault(company_id, {})[_id] = None
+        if not by_company:
             return {}
         found = self.on_primary(collection)
         projection = {**projection, "_id": 1}
-        if self.ferretdb and len(ids) <= FERRETDB_LOOKUPS_MAX:
-            docs = await _gather(*(found.find_one({"_id": _id}, projection) for _id in ids))
+        if self.ferretdb and sum(map(len, by_company.values())) <= FERRETDB_LOOKUPS_MAX:
+            docs = await _gather(
+                *(found.find_one({"_id": _id, "company_id": c}, projection) for c, ids in by_company.items() for _id in ids)
+            )
         else:
-            docs = await found.find({"_id": {"$in": ids}}, projection).to_list()
+            queries = []
+            for group in _company_groups(list(by_company)):
+                ids = [_id for company_id in group for _id in by_company[company_id]]
+                company = group[0] if len(group) == 1 else {"$in": group}
+                queries.append(found.find({"company_id": company, "_id": {"$in": ids}}, projection).to_list())
+            docs = [doc for part in await _gather(*queries) for doc in part]
         return {doc["_id"]: doc for doc in docs if doc is not None}
 
     async def insert_new(self, collection: str, docs: list[dict[str, Any]]) -> list[int]:
@@ -813,7 +842,9 @@ class MongoStepStore:
         if not keys:
             return {}
         ids = {row_id(*key): key for key in keys}
-        docs = await self._conn.find_by_id("run_state", list(ids), {"last_seq": 1, "state": 1})
+        docs = await self._conn.find_by_id(
+            "run_state", [(key[0], _id) for _id, key in ids.items()], {"last_seq": 1, "state": 1}
+        )
         return {ids[_id]: _stored(doc) for _id, doc in docs.items()}
 
     async def _write_states(self, states: list[RunState], stored: dict[RunKey, _Stored]) -> list[RunKey]:
@@ -840,7 +871,7 @@ class MongoStepStore:
             return {}
         async with _translated("load_states"):
             docs = await self._conn.find_by_id(
-                "run_state", [row_id(company_id, r) for r in run_ids], {"run_id": 1, "state": 1}
+                "run_state", [(company_id, row_id(company_id, r)) for r in run_ids], {"run_id": 1, "state": 1}
             )
         return {doc["run_id"]: _state_decoder.decode(doc["state"]) for doc in docs.values()}
 
@@ -1044,7 +1075,9 @@ class MongoDeepStore:
         ids = {row_id(*key): key for key in keys}
         if not ids:
             return {}
-        docs = await self._conn.find_by_id("run_step_details", list(ids), {"reasoning": 1, REASONING_VERSION: 1})
+        docs = await self._conn.find_by_id(
+            "run_step_details", [(key[0], _id) for _id, key in ids.items()], {"reasoning": 1, REASONING_VERSION: 1}
+        )
         return {ids[_id]: _Seen(_text(doc.get("reasoning")), doc.get(REASONING_VERSION)) for _id, doc in docs.items()}
 
     async def _index_entries(self, keys: Sequence[RunKey]) -> dict[RunKey, str | None]:
@@ -1053,7 +1086,7 @@ class MongoDeepStore:
         if not keys:
             return {}
         ids = {row_id(*key): key for key in keys}
-        docs = await self._conn.find_by_id("deep_runs", list(ids), {"pruned_at": 1})
+        docs = await self._conn.find_by_id("deep_runs", [(key[0], _id) for _id, key in ids.items()], {"pruned_at": 1})
         return {ids[_id]: doc.get("pruned_at") for _id, doc in docs.items()}
 
     async def _pruned(self, keys: Sequence[RunKey]) -> set[RunKey]:
