@@ -23,6 +23,11 @@ Per corpus (thinking-heavy and many-runs, the sizes of ``bench_capacity``'s):
      Events/s is the corpus's events over the replay's time. Its database is then
      compared with the recorded one, document by document (``replay_equal``).
 
+With ``--prefill K``, every database (recorded, worker, bare) first gets the same
+documents, K times the corpus's runs of another seed in the same companies (ingested
+once the worker's way, recorded, and replayed into each): a store that already holds
+data, where a read the store answers by decoding a company's documents costs more.
+
 Printed per corpus and round: both rates, ``worker_over_bare``, CPU us per event of
 each side (client and server), and once per corpus the store traffic per event:
 commands, operations (read queries; write statements) and BSON bytes sent (and the
@@ -53,11 +58,11 @@ from stepstream.emitter.corpus import generate_events, generate_many_runs
 GOALS = {"thinking-heavy": 15_000, "many-runs": 5_000}  # events/s per worker (issue 22)
 
 
-def corpora(quick: bool) -> dict[str, list[Any]]:
-    """bench_capacity's corpora (``--quick``: smaller)."""
+def corpora(quick: bool, *, seed: int = 1, scale: float = 1.0) -> dict[str, list[Any]]:
+    """bench_capacity's corpora (``--quick``: smaller; ``scale`` times as many runs)."""
     return {
-        "thinking-heavy": generate_events(1, runs=30 if quick else 100, companies=5),
-        "many-runs": generate_many_runs(1, runs=300 if quick else 1500, companies=8),
+        "thinking-heavy": generate_events(seed, runs=round((30 if quick else 100) * scale), companies=5),
+        "many-runs": generate_many_runs(seed, runs=round((300 if quick else 1500) * scale), companies=8),
     }
 
 
@@ -227,13 +232,40 @@ def traffic(name: str, recording: Recording, bare_commands: int) -> Iterator[str
     yield f"ceiling.{name}.write_statements_by_collection {dict(sorted(kinds.items()))}"
 
 
-async def corpus_run(base: str, name: str, events: list[Any], rounds: int, tmp: Path) -> dict[str, list[float]]:
+async def _prefill(base: str, events: list[Any], tmp: Path) -> Recording | None:
+    """The writes of ``events`` ingested into a scratch database (then dropped): what
+    each database of the run is given first, replayed, so that all start equal."""
+    if not events:
+        return None
+    path = tmp / "prefill.jsonl"
+    path.write_bytes(b"".join(encode_event(e) + b"\n" for e in events))
+    url = _fresh(base, "prefill")
+    try:
+        return await record_ingest(path, url, events=len(events))
+    finally:
+        await _drop(url)
+
+
+async def corpus_run(
+    base: str, name: str, events: list[Any], rounds: int, tmp: Path, prefill: list[Any] = ()
+) -> dict[str, list[float]]:
     path = tmp / f"{name}.jsonl"
     path.write_bytes(b"".join(encode_event(e) + b"\n" for e in events))
     n = len(events)
     ferretdb = await _ferretdb(base)
     server = ServerCpu.find(base)
-    recorded_url = _fresh(base, "recorded")
+    stored = await _prefill(base, list(prefill), tmp)
+
+    async def fresh(what: str) -> str:
+        url = _fresh(base, what)
+        if stored is not None:
+            await bare_replay(url, stored, ferretdb)
+        return url
+
+    if stored is not None:
+        print(f"ceiling.{name}.prefill {len(prefill)} events of other runs in the same companies, "
+              "in every database before the timed passes", flush=True)  # fmt: skip
+    recorded_url = await fresh("recorded")
     results: dict[str, list[float]] = {"worker": [], "bare": [], "ratio": []}
     try:
         recording = await record_ingest(path, recorded_url, events=n)
@@ -242,7 +274,7 @@ async def corpus_run(base: str, name: str, events: list[Any], rounds: int, tmp: 
         for line in traffic(name, recording, plan_commands):
             print(line, flush=True)
         for round_ in range(rounds):
-            worker_url, bare_url = _fresh(base, "worker"), _fresh(base, "bare")
+            worker_url, bare_url = await fresh("worker"), await fresh("bare")
             try:
                 before = _server_seconds(server)
                 worker = await timed_ingest(path, worker_url, events=n)
@@ -286,6 +318,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="smaller corpora, one round")
     parser.add_argument("--corpus", action="append", choices=sorted(GOALS), help="only these corpora")
+    parser.add_argument("--prefill", type=float, default=0.0,
+                        help="first give every database this many times the corpus's runs (other runs, same "
+                             "companies): a store that holds data already")  # fmt: skip
     args = parser.parse_args(argv)
     if not args.mongo:
         print("ceiling: skipped (no --mongo / STEPSTREAM_TEST_MONGO_URL)", file=sys.stderr)
@@ -293,10 +328,11 @@ def main(argv: list[str] | None = None) -> int:
     rounds = 1 if args.quick else args.rounds
     print(f"ceiling: load {_load()} at the start, {os.cpu_count()} cores shared with the server", flush=True)
     with tempfile.TemporaryDirectory(prefix="bench-ceiling-") as tmp:
+        prefills = corpora(args.quick, seed=2, scale=args.prefill) if args.prefill else {}
         for name, events in corpora(args.quick).items():
             if args.corpus and name not in args.corpus:
                 continue
-            asyncio.run(corpus_run(args.mongo, name, events, rounds, Path(tmp)))
+            asyncio.run(corpus_run(args.mongo, name, events, rounds, Path(tmp), prefills.get(name, [])))
     print(f"ceiling: load {_load()} at the end")
     return 0
 

@@ -108,8 +108,9 @@ async def test_the_reads_before_a_write_are_scoped_per_company(
 ) -> None:
     """Each read of the write path names the companies it reads: one query per company
     (an equality, which FerretDB pushes down to PostgreSQL), at most
-    ``READ_QUERIES_MAX`` per collection, the companies grouped past that; each id is
-    asked of its own company's query alone."""
+    ``READ_QUERIES_MAX`` per collection, the companies grouped past that; the deep
+    rows' read goes one query per run while the batch has at most that many runs.
+    Each id is asked of its own company's (and run's) query alone."""
     steps, deeps = stores
     names = [f"co-{i:02d}" for i in range(companies)]
     keys = [(c, f"r{j}") for c in names for j in range(3)]  # 3 runs per company: past the one-by-one lookups
@@ -118,8 +119,10 @@ async def test_the_reads_before_a_write_are_scoped_per_company(
     await steps.write([step(0, r, c) for c, r in keys], [run(r, c) for c, r in keys],
                       [state(r, c, last_seq=1) for c, r in keys])  # fmt: skip
     filters = commands.find_filters
-    expected = min(companies, mongodb.READ_QUERIES_MAX)
-    assert _finds(commands.take()) == {"deep_runs": expected, "run_step_details": expected, "run_state": expected}
+    most = mongodb.READ_QUERIES_MAX
+    per_company = min(companies, most)
+    per_run = len(keys) if len(keys) <= most else per_company
+    assert _finds(commands.take()) == {"deep_runs": per_company, "run_step_details": per_run, "run_state": per_company}
     for collection in ("deep_runs", "run_step_details", "run_state"):
         asked: dict[str, str] = {}
         for name, where in filters:
@@ -127,12 +130,15 @@ async def test_the_reads_before_a_write_are_scoped_per_company(
                 continue
             scope = where["company_id"]
             named = [scope] if isinstance(scope, str) else scope["$in"]
-            if companies <= mongodb.READ_QUERIES_MAX:
+            if companies <= most:
                 assert isinstance(scope, str), where  # one company: an equality
+            if collection == "run_step_details" and len(keys) <= most:
+                assert isinstance(where.get("run_id"), str), where  # one run: an equality
             for _id in where["_id"]["$in"]:
                 assert _id not in asked, _id
-                company = msgspec.json.decode(_id)[0]
+                company, run_id = msgspec.json.decode(_id)[:2]
                 assert company in named, (company, named)
+                assert where.get("run_id", run_id) == run_id, (run_id, where)
                 asked[_id] = company
         assert len(asked) == len(keys)
 
