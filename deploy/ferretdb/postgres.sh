@@ -13,7 +13,7 @@
 # to, removed by `down`. TCP on 127.0.0.1 only, no Unix socket, `trust` auth for the one
 # local role (no password exists anywhere). Tuned for a test server: fsync, full page
 # writes and synchronous commit are off (a crash loses the cluster, which is thrown away
-# anyway); every table FerretDB creates gets GIN indexes on its `_id`, `company_id` and `run_id` (see id_index).
+# anyway); every table FerretDB creates gets a GIN index on its `_id` (see id_index).
 # Only the URL goes to stdout. Environment: STEPSTREAM_CACHE (the lock file),
 # POSTGRES_READY_TIMEOUT (seconds, default 30).
 set -euo pipefail
@@ -92,24 +92,19 @@ pg_ctl() { "${as_user[@]}" "$bin/pg_ctl" "$@"; }
 # matches the query's `_jsonb->$1` once $1 is planned as the constant '_id', hence
 # plan_cache_mode=force_custom_plan above (a generic plan of FerretDB's cached statement
 # would scan again). FerretDB's own metadata does not list the index (listIndexes
-# shows only its own); a dropped collection drops it with its table. `company_id` and
-# `run_id` get the same: the mongodb sink's reads before a write filter on them
-# (`{company_id[, run_id], _id: {$in}}`; FerretDB pushes the equalities down, never the
-# `$in`), and without an index PostgreSQL reads every row of the table to find them.
+# shows only its own); a dropped collection drops it with its table.
 id_index() {
     "${as_user[@]}" "$bin/psql" -h 127.0.0.1 -p "$1" -U "$role" -d postgres -X -q -v ON_ERROR_STOP=1 \
         >>"$data/initdb.log" 2>&1 <<'SQL' || die "creating the _id index trigger failed (log: $data/initdb.log)"
 CREATE OR REPLACE FUNCTION stepstream_id_index() RETURNS event_trigger LANGUAGE plpgsql AS $body$
-DECLARE created record; field text;
+DECLARE created record;
 BEGIN
     FOR created IN SELECT objid, object_identity FROM pg_event_trigger_ddl_commands()
                    WHERE command_tag = 'CREATE TABLE' AND object_type = 'table' LOOP
         IF EXISTS (SELECT 1 FROM pg_attribute
                    WHERE attrelid = created.objid AND attname = '_jsonb' AND NOT attisdropped) THEN
-            FOREACH field IN ARRAY ARRAY['_id', 'company_id', 'run_id'] LOOP
-                EXECUTE format('CREATE INDEX ON %s USING gin ((_jsonb -> %L) jsonb_path_ops)',
-                               created.object_identity, field);
-            END LOOP;
+            EXECUTE format('CREATE INDEX ON %s USING gin ((_jsonb -> ''_id'') jsonb_path_ops)',
+                           created.object_identity);
         END IF;
     END LOOP;
 END
