@@ -49,6 +49,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from benchmarks.bench_capacity import CORE_SHARE, model
 from benchmarks.bench_sinks import _drop, _mongo_db_url
 from benchmarks.recording_worker import Recording, WriteCommand, record_ingest, timed_ingest
 from benchmarks.server_cpu import ServerCpu
@@ -266,7 +267,7 @@ async def corpus_run(
         print(f"ceiling.{name}.prefill {len(prefill)} events of other runs in the same companies, "
               "in every database before the timed passes", flush=True)  # fmt: skip
     recorded_url = await fresh("recorded")
-    results: dict[str, list[float]] = {"worker": [], "bare": [], "ratio": []}
+    results: dict[str, list[float]] = {"worker": [], "bare": [], "ratio": [], "cpu": [], "server": []}
     try:
         recording = await record_ingest(path, recorded_url, events=n)
         recorded = await _contents(recorded_url)
@@ -288,6 +289,8 @@ async def corpus_run(
                 await _drop(bare_url)
             worker_rate, bare_rate = n / worker.seconds, n / bare["seconds"]
             results["worker"].append(worker_rate)
+            results["cpu"].append(worker.cpu_seconds / n * 1e6)
+            results["server"].append(worker_server / n * 1e6)
             results["bare"].append(bare_rate)
             results["ratio"].append(worker_rate / bare_rate)
             print(
@@ -301,6 +304,22 @@ async def corpus_run(
     finally:
         await _drop(recorded_url)
     best_worker, best_bare = max(results["worker"]), max(results["bare"])
+    # The sizing model's constants (docs/operations.md), from this run: the worker's
+    # client CPU (best round) and what it sent per event.
+    constants = {
+        "cpu_us_per_event": min(results["cpu"]),
+        "store_operations_per_event": (recording.read_statements + recording.write_statements) / n,
+        "store_commands_per_event": recording.commands / n,
+        "store_bytes_per_event": (recording.read_bytes + recording.write_bytes) / n,
+    }
+    for key, value in constants.items():
+        print(f"ceiling.{name}.model.{key} {value:.3f}")
+    for line in model(constants, None):
+        print(f"ceiling.{name}.model{line}")
+    server_us = min(results["server"])
+    if server_us == server_us:  # not NaN: the server runs on this machine
+        print(f"ceiling.{name}.model  this server (FerretDB + PostgreSQL) at {CORE_SHARE:.0%} of a core: "
+              f"{CORE_SHARE * 1e6 / server_us:,.0f} events/s per core ({server_us:.1f} us/event)")  # fmt: skip
     goal = GOALS.get(name)
     print(f"ceiling.{name}.worker_events_per_s {best_worker:.0f} (best of {rounds})")
     print(f"ceiling.{name}.bare_events_per_s {best_bare:.0f} (best of {rounds})")
