@@ -22,13 +22,15 @@ which MongoDB serves from the indexes and FerretDB-on-SQLite by a scan.
 **Reads per batch.** The rows a batch needs to see (stored states, reasoning,
 index entries) are read in one ``{company_id, _id: {$in: ids}}`` query per
 collection and company (at most :data:`READ_QUERIES_MAX` per collection, companies
-grouped past that), all at once, never one request per key: FerretDB pushes the
-``company_id`` equality down to PostgreSQL (never ``$in``), so it decodes one
-company's documents instead of the whole collection's. Even FerretDB's pushed-down ``{_id: value}`` is a scan of
-the table inside SQLite (its SQL says ``->'$._id'``, its ``_id`` index is on
-``->"_id"``, so SQLite does not use it), and its ``$in`` is one scan in Go that
-costs about five of those: against FerretDB up to
-:data:`FERRETDB_LOOKUPS_MAX` ids are looked up one by one, more in one ``$in``.
+grouped past that; the deep rows one query per run while a batch has at most that
+many runs), all at once, never one request per key: FerretDB pushes the
+``company_id`` (``run_id``) equality down to PostgreSQL (never ``$in``), so it
+decodes one company's (run's) documents instead of the whole collection's. Even
+FerretDB's pushed-down ``{_id: value}`` is a scan of the table inside SQLite (its
+SQL says ``->'$._id'``, its ``_id`` index is on ``->"_id"``, so SQLite does not use
+it), and its ``$in`` is one scan in Go that costs about five of those: against
+FerretDB up to :data:`FERRETDB_LOOKUPS_MAX` ids are looked up one by one, more in one
+``$in``.
 
 Documents hold the record's fields, with three choices: ``run_steps.arguments``,
 ``runs.environment`` and the deep bodies ``arguments`` and ``output`` are JSON
