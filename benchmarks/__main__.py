@@ -44,6 +44,11 @@ def main() -> int:
 
     bench_capacity.main((["--mongo", args.mongo] if args.mongo else []) + (["--broker", args.broker] if args.broker else [])
                         + (["--quick"] if args.quick else []))  # fmt: skip
+    print("\n== store ceiling (the worker into MongoDB beside a bare pymongo replay of its recorded writes) ==",
+          flush=True)  # fmt: skip
+    from benchmarks import bench_ceiling
+
+    bench_ceiling.main((["--mongo", args.mongo] if args.mongo else []) + (["--quick"] if args.quick else []))
     print("\n== API (concurrent readers while a writer ingests into the same SQLite store) ==", flush=True)
     from benchmarks import bench_api
 

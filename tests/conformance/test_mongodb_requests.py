@@ -11,6 +11,7 @@ from collections import Counter
 from collections.abc import AsyncIterator
 from typing import Any
 
+import msgspec
 import pytest
 from pymongo import AsyncMongoClient, monitoring
 
@@ -27,10 +28,13 @@ class Commands(monitoring.CommandListener):
 
     def __init__(self) -> None:
         self.sent: Counter[tuple[str, str]] = Counter()
+        self.find_filters: list[tuple[str, dict[str, Any]]] = []  # (collection, filter) of every find
 
     def started(self, event: monitoring.CommandStartedEvent) -> None:
         target = event.command.get(event.command_name)
         self.sent[(event.command_name, target if isinstance(target, str) else "")] += 1
+        if event.command_name == "find":
+            self.find_filters.append((target, dict(event.command.get("filter", {}))))
 
     def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
         pass
@@ -40,6 +44,7 @@ class Commands(monitoring.CommandListener):
 
     def take(self) -> Counter[tuple[str, str]]:
         sent, self.sent = self.sent, Counter()
+        self.find_filters = []
         return sent
 
 
@@ -95,6 +100,47 @@ async def test_a_many_runs_batch_reads_each_collection_once(
     assert _finds(commands.take()) == {"run_state": 1}
     assert {d.reasoning for r in runs for d in await deeps.get_deep(COMPANY, r)} == {"abcdef"}
     assert {len(await steps.get_steps(COMPANY, r)) for r in runs} == {2}
+
+
+@pytest.mark.parametrize("companies", [3, 40])
+async def test_the_reads_before_a_write_are_scoped_per_company(
+    stores: tuple[StepStore, DeepStore], commands: Commands, companies: int
+) -> None:
+    """Each read of the write path names the companies it reads: one query per company
+    (an equality, which FerretDB pushes down to PostgreSQL), at most
+    ``READ_QUERIES_MAX`` per collection, the companies grouped past that; the deep
+    rows' read goes one query per run while the batch has at most that many runs.
+    Each id is asked of its own company's (and run's) query alone."""
+    steps, deeps = stores
+    names = [f"co-{i:02d}" for i in range(companies)]
+    keys = [(c, f"r{j}") for c in names for j in range(3)]  # 3 runs per company: past the one-by-one lookups
+    commands.take()
+    await deeps.write([deep(0, r, c, kind="thinking", reasoning="abc") for c, r in keys])
+    await steps.write([step(0, r, c) for c, r in keys], [run(r, c) for c, r in keys],
+                      [state(r, c, last_seq=1) for c, r in keys])  # fmt: skip
+    filters = commands.find_filters
+    most = mongodb.READ_QUERIES_MAX
+    per_company = min(companies, most)
+    per_run = len(keys) if len(keys) <= most else per_company
+    assert _finds(commands.take()) == {"deep_runs": per_company, "run_step_details": per_run, "run_state": per_company}
+    for collection in ("deep_runs", "run_step_details", "run_state"):
+        asked: dict[str, str] = {}
+        for name, where in filters:
+            if name != collection:
+                continue
+            scope = where["company_id"]
+            named = [scope] if isinstance(scope, str) else scope["$in"]
+            if companies <= most:
+                assert isinstance(scope, str), where  # one company: an equality
+            if collection == "run_step_details" and len(keys) <= most:
+                assert isinstance(where.get("run_id"), str), where  # one run: an equality
+            for _id in where["_id"]["$in"]:
+                assert _id not in asked, _id
+                company, run_id = msgspec.json.decode(_id)[:2]
+                assert company in named, (company, named)
+                assert where.get("run_id", run_id) == run_id, (run_id, where)
+                asked[_id] = company
+        assert len(asked) == len(keys)
 
 
 async def test_new_rows_are_inserted_not_updated(stores: tuple[StepStore, DeepStore], commands: Commands) -> None:

@@ -20,12 +20,17 @@ Run-wide reads (``get_steps``, ``list_runs``, purges) filter on the key fields,
 which MongoDB serves from the indexes and FerretDB-on-SQLite by a scan.
 
 **Reads per batch.** The rows a batch needs to see (stored states, reasoning,
-index entries) are read in one ``{_id: {$in: ids}}`` query per collection, never
-one request per key. Even FerretDB's pushed-down ``{_id: value}`` is a scan of
-the table inside SQLite (its SQL says ``->'$._id'``, its ``_id`` index is on
-``->"_id"``, so SQLite does not use it), and its ``$in`` is one scan in Go that
-costs about five of those: against FerretDB up to
-:data:`FERRETDB_LOOKUPS_MAX` ids are looked up one by one, more in one ``$in``.
+index entries) are read in one ``{company_id, _id: {$in: ids}}`` query per
+collection and company (at most :data:`READ_QUERIES_MAX` per collection, companies
+grouped past that; the deep rows one query per run while a batch has at most that
+many runs), all at once, never one request per key: FerretDB pushes the
+``company_id`` (``run_id``) equality down to PostgreSQL (never ``$in``), so it
+decodes one company's (run's) documents instead of the whole collection's. Even
+FerretDB's pushed-down ``{_id: value}`` is a scan of the table inside SQLite (its
+SQL says ``->'$._id'``, its ``_id`` index is on ``->"_id"``, so SQLite does not use
+it), and its ``$in`` is one scan in Go that costs about five of those: against
+FerretDB up to :data:`FERRETDB_LOOKUPS_MAX` ids are looked up one by one, more in one
+``$in``.
 
 Documents hold the record's fields, with three choices: ``run_steps.arguments``,
 ``runs.environment`` and the deep bodies ``arguments`` and ``output`` are JSON
@@ -266,6 +271,22 @@ def _concern_text(document: dict[str, Any]) -> str:
 
 FERRETDB_UPDATES_PER_COMMAND = 16
 FERRETDB_LOOKUPS_MAX = 4
+# The write path's reads of one collection per batch: one query per company (or run), at
+# most this many queries (more runs: per company; more companies share queries, grouped).
+READ_QUERIES_MAX = 16
+Scope = tuple[str, ...]  # (company_id,) or (company_id, run_id): what a read names
+
+
+def _scope_groups(scopes: list[Scope]) -> list[list[Scope]]:
+    """``scopes`` in at most :data:`READ_QUERIES_MAX` groups, one scope each while they
+    fit (a query's scope is then equalities, which FerretDB pushes down)."""
+    count = min(len(scopes), READ_QUERIES_MAX)
+    return [scopes[i::count] for i in range(count)]
+
+
+def _scope_filter(scope: Scope) -> dict[str, str]:
+    """``{company_id[, run_id]}`` of a read's scope."""
+    return dict(zip(("company_id", "run_id"), scope, strict=False))
 
 
 async def _gather(*calls: Awaitable[Any]) -> list[Any]:
@@ -329,23 +350,47 @@ class _Connection:
         self.client = self.db = self.primary = None
 
     async def find_by_id(
-        self, collection: str, ids: Sequence[str], projection: dict[str, Any]
+        self, collection: str, keys: Sequence[tuple[Scope, str]], projection: dict[str, Any]
     ) -> dict[str, dict[str, Any]]:
-        """The documents of ``collection`` with these ``_id`` s, keyed by ``_id``
-        (absent ones are missing): one ``{_id: {$in: ids}}`` query. Against FerretDB,
-        up to :data:`FERRETDB_LOOKUPS_MAX` ids are looked up one by one instead: its
-        SQLite backend filters a lone ``{_id: value}`` in SQL (a scan of the table in
-        SQLite) but evaluates ``$in`` itself over every document of the collection,
-        which costs about as much as five such lookups and then no more for more ids."""
-        ids = list(dict.fromkeys(ids))
-        if not ids:
+        """The documents of ``collection`` with these ``(scope, _id)`` s, keyed by
+        ``_id`` (absent ones are missing). A scope is ``(company_id,)`` or
+        ``(company_id, run_id)``: one ``{company_id[, run_id], _id: {$in: ids}}`` query
+        per scope, at most :data:`READ_QUERIES_MAX` of them at once (past that many
+        runs, one query per company; past that many companies, each query names a
+        group of them, ``company_id: {$in: [...]}``). FerretDB pushes only an
+        equality of a top-level field down to its backend (``$in`` and ``$or`` it
+        evaluates itself, over every document the backend returns, decoding each):
+        with ``company_id`` (and ``run_id``) equal, PostgreSQL hands it that
+        company's (run's) documents, not the whole collection; on a sharded MongoDB
+        the filter also names the shard key's prefix. Against FerretDB, up to
+        :data:`FERRETDB_LOOKUPS_MAX` ids are looked up one by one instead: its SQLite
+        backend filters a lone ``{_id: value}`` in SQL (a scan of the table in SQLite)
+        but evaluates ``$in`` itself over every document of the collection, which costs
+        about as much as five such lookups and then no more for more ids."""
+        by_scope: dict[Scope, dict[str, None]] = {}
+        for scope, _id in keys:
+            by_scope.setdefault(scope, {})[_id] = None
+        if not by_scope:
             return {}
+        if len(by_scope) > READ_QUERIES_MAX and any(len(scope) > 1 for scope in by_scope):
+            by_company: dict[Scope, dict[str, None]] = {}
+            for scope, ids in by_scope.items():
+                by_company.setdefault(scope[:1], {}).update(ids)
+            by_scope = by_company
         found = self.on_primary(collection)
         projection = {**projection, "_id": 1}
-        if self.ferretdb and len(ids) <= FERRETDB_LOOKUPS_MAX:
-            docs = await _gather(*(found.find_one({"_id": _id}, projection) for _id in ids))
+        if self.ferretdb and sum(map(len, by_scope.values())) <= FERRETDB_LOOKUPS_MAX:
+            docs = await _gather(
+                *(found.find_one({**_scope_filter(scope), "_id": _id}, projection)
+                  for scope, ids in by_scope.items() for _id in ids)
+            )  # fmt: skip
         else:
-            docs = await found.find({"_id": {"$in": ids}}, projection).to_list()
+            queries = []
+            for group in _scope_groups(list(by_scope)):
+                ids = [_id for scope in group for _id in by_scope[scope]]
+                where = _scope_filter(group[0]) if len(group) == 1 else {"company_id": {"$in": [g[0] for g in group]}}
+                queries.append(found.find({**where, "_id": {"$in": ids}}, projection).to_list())
+            docs = [doc for part in await _gather(*queries) for doc in part]
         return {doc["_id"]: doc for doc in docs if doc is not None}
 
     async def insert_new(self, collection: str, docs: list[dict[str, Any]]) -> list[int]:
@@ -813,7 +858,9 @@ class MongoStepStore:
         if not keys:
             return {}
         ids = {row_id(*key): key for key in keys}
-        docs = await self._conn.find_by_id("run_state", list(ids), {"last_seq": 1, "state": 1})
+        docs = await self._conn.find_by_id(
+            "run_state", [(key[:1], _id) for _id, key in ids.items()], {"last_seq": 1, "state": 1}
+        )
         return {ids[_id]: _stored(doc) for _id, doc in docs.items()}
 
     async def _write_states(self, states: list[RunState], stored: dict[RunKey, _Stored]) -> list[RunKey]:
@@ -840,7 +887,7 @@ class MongoStepStore:
             return {}
         async with _translated("load_states"):
             docs = await self._conn.find_by_id(
-                "run_state", [row_id(company_id, r) for r in run_ids], {"run_id": 1, "state": 1}
+                "run_state", [((company_id,), row_id(company_id, r)) for r in run_ids], {"run_id": 1, "state": 1}
             )
         return {doc["run_id"]: _state_decoder.decode(doc["state"]) for doc in docs.values()}
 
@@ -1039,12 +1086,17 @@ class MongoDeepStore:
 
     async def _stored_reasoning(self, keys: Sequence[StepKey]) -> dict[StepKey, _Seen]:
         """The rows among ``keys`` that exist, with their stored reasoning (``None``
-        when they hold none) and its version token: one query (see
-        :meth:`_Connection.find_by_id`)."""
+        when they hold none) and its version token: one query per run while the keys
+        name at most :data:`READ_QUERIES_MAX` runs, else per company
+        (:meth:`_Connection.find_by_id`). The deep rows are the large documents, and
+        FerretDB decodes every one its backend returns for the filter: a run's rows
+        are what it needs, a company's are all of its stored bodies."""
         ids = {row_id(*key): key for key in keys}
         if not ids:
             return {}
-        docs = await self._conn.find_by_id("run_step_details", list(ids), {"reasoning": 1, REASONING_VERSION: 1})
+        docs = await self._conn.find_by_id(
+            "run_step_details", [(key[:2], _id) for _id, key in ids.items()], {"reasoning": 1, REASONING_VERSION: 1}
+        )
         return {ids[_id]: _Seen(_text(doc.get("reasoning")), doc.get(REASONING_VERSION)) for _id, doc in docs.items()}
 
     async def _index_entries(self, keys: Sequence[RunKey]) -> dict[RunKey, str | None]:
@@ -1053,7 +1105,7 @@ class MongoDeepStore:
         if not keys:
             return {}
         ids = {row_id(*key): key for key in keys}
-        docs = await self._conn.find_by_id("deep_runs", list(ids), {"pruned_at": 1})
+        docs = await self._conn.find_by_id("deep_runs", [(key[:1], _id) for _id, key in ids.items()], {"pruned_at": 1})
         return {ids[_id]: doc.get("pruned_at") for _id, doc in docs.items()}
 
     async def _pruned(self, keys: Sequence[RunKey]) -> set[RunKey]:
