@@ -88,14 +88,18 @@ async def test_a_many_runs_batch_reads_each_collection_once(
     runs = [f"r{i}" for i in range(RUNS)]
     commands.take()
     await deeps.write([deep(0, r, kind="thinking", reasoning="abc") for r in runs])
-    assert _finds(commands.take()) == {"deep_runs": 1, "run_step_details": 1}
+    # New runs: no index entry, so no row below its high-water to read back.
+    assert _finds(commands.take()) == {"deep_runs": 1}
     await steps.write([step(0, r) for r in runs], [run(r) for r in runs], [state(r, last_seq=1) for r in runs])
     assert _finds(commands.take()) == {"run_state": 1}
     assert len(await steps.load_states(COMPANY, runs)) == RUNS
     assert _finds(commands.take()) == {"run_state": 1}
-    # The next batch of the same runs: still one read each, and the text merged.
+    # The next batch of the same rows (below the high-water now): the index in one read,
+    # the rows looked up by _id (FerretDB, up to FERRETDB_DEEP_LOOKUPS_MAX of them; else
+    # one query), and the text merged.
     await deeps.write([deep(0, r, kind="thinking", reasoning="def", reasoning_offset=3) for r in runs])
-    assert _finds(commands.take()) == {"deep_runs": 1, "run_step_details": 1}
+    lookups = RUNS if deeps._conn.ferretdb and RUNS <= mongodb.FERRETDB_DEEP_LOOKUPS_MAX else 1
+    assert _finds(commands.take()) == {"deep_runs": 1, "run_step_details": lookups}
     await steps.write([step(1, r) for r in runs], [run(r) for r in runs], [state(r, last_seq=2) for r in runs])
     assert _finds(commands.take()) == {"run_state": 1}
     assert {d.reasoning for r in runs for d in await deeps.get_deep(COMPANY, r)} == {"abcdef"}
@@ -109,8 +113,10 @@ async def test_the_reads_before_a_write_are_scoped_per_company(
     """Each read of the write path names the companies it reads: one query per company
     (an equality, which FerretDB pushes down to PostgreSQL), at most
     ``READ_QUERIES_MAX`` per collection, the companies grouped past that; the deep
-    rows' read goes one query per run while the batch has at most that many runs.
-    Each id is asked of its own company's (and run's) query alone."""
+    rows below their run's high-water are looked up by ``_id`` on FerretDB (up to
+    ``FERRETDB_DEEP_LOOKUPS_MAX``), else one query per run while the batch has at most
+    ``READ_QUERIES_MAX`` runs. Each id is asked of its own company's (and run's) query
+    alone."""
     steps, deeps = stores
     names = [f"co-{i:02d}" for i in range(companies)]
     keys = [(c, f"r{j}") for c in names for j in range(3)]  # 3 runs per company: past the one-by-one lookups
@@ -118,12 +124,19 @@ async def test_the_reads_before_a_write_are_scoped_per_company(
     await deeps.write([deep(0, r, c, kind="thinking", reasoning="abc") for c, r in keys])
     await steps.write([step(0, r, c) for c, r in keys], [run(r, c) for c, r in keys],
                       [state(r, c, last_seq=1) for c, r in keys])  # fmt: skip
-    filters = commands.find_filters
     most = mongodb.READ_QUERIES_MAX
     per_company = min(companies, most)
-    per_run = len(keys) if len(keys) <= most else per_company
-    assert _finds(commands.take()) == {"deep_runs": per_company, "run_step_details": per_run, "run_state": per_company}
-    for collection in ("deep_runs", "run_step_details", "run_state"):
+    first = commands.find_filters
+    # New runs: no deep row below a high-water, none read back.
+    assert _finds(commands.take()) == {"deep_runs": per_company, "run_state": per_company}
+    # The same rows again (the reasoning goes on): now below the high-water, read back.
+    await deeps.write([deep(0, r, c, kind="thinking", reasoning="def", reasoning_offset=3) for c, r in keys])
+    second = commands.find_filters
+    one_by_one = deeps._conn.ferretdb and len(keys) <= mongodb.FERRETDB_DEEP_LOOKUPS_MAX
+    per_run = len(keys) if one_by_one or len(keys) <= most else per_company
+    assert _finds(commands.take()) == {"deep_runs": per_company, "run_step_details": per_run}
+    for filters, collection in ((first, "deep_runs"), (first, "run_state"), (second, "deep_runs"),
+                                (second, "run_step_details")):  # fmt: skip
         asked: dict[str, str] = {}
         for name, where in filters:
             if name != collection:
@@ -132,15 +145,17 @@ async def test_the_reads_before_a_write_are_scoped_per_company(
             named = [scope] if isinstance(scope, str) else scope["$in"]
             if companies <= most:
                 assert isinstance(scope, str), where  # one company: an equality
-            if collection == "run_step_details" and len(keys) <= most:
+            if collection == "run_step_details" and len(keys) <= most and not one_by_one:
                 assert isinstance(where.get("run_id"), str), where  # one run: an equality
-            for _id in where["_id"]["$in"]:
+            ids = [where["_id"]] if isinstance(where["_id"], str) else where["_id"]["$in"]  # by _id, or $in
+            for _id in ids:
                 assert _id not in asked, _id
                 company, run_id = msgspec.json.decode(_id)[:2]
                 assert company in named, (company, named)
                 assert where.get("run_id", run_id) == run_id, (run_id, where)
                 asked[_id] = company
-        assert len(asked) == len(keys)
+        assert len(asked) == len(keys), (collection, len(asked))
+    assert {d.reasoning for c, r in keys for d in await deeps.get_deep(c, r)} == {"abcdef"}
 
 
 async def test_new_rows_are_inserted_not_updated(stores: tuple[StepStore, DeepStore], commands: Commands) -> None:

@@ -271,6 +271,10 @@ def _concern_text(document: dict[str, Any]) -> str:
 
 FERRETDB_UPDATES_PER_COMMAND = 16
 FERRETDB_LOOKUPS_MAX = 4
+# The deep rows a batch may rewrite (below their run's high-water, see MongoDeepStore.write)
+# are few: up to this many are looked up one by one by _id (indexed on PostgreSQL), not
+# with a $in that FerretDB answers by decoding every stored body of the company.
+FERRETDB_DEEP_LOOKUPS_MAX = 64
 # The write path's reads of one collection per batch: one query per company (or run), at
 # most this many queries (more runs: per company; more companies share queries, grouped).
 READ_QUERIES_MAX = 16
@@ -350,7 +354,7 @@ class _Connection:
         self.client = self.db = self.primary = None
 
     async def find_by_id(
-        self, collection: str, keys: Sequence[tuple[Scope, str]], projection: dict[str, Any]
+        self, collection: str, keys: Sequence[tuple[Scope, str]], projection: dict[str, Any], lookups: int = 0
     ) -> dict[str, dict[str, Any]]:
         """The documents of ``collection`` with these ``(scope, _id)`` s, keyed by
         ``_id`` (absent ones are missing). A scope is ``(company_id,)`` or
@@ -379,7 +383,7 @@ class _Connection:
             by_scope = by_company
         found = self.on_primary(collection)
         projection = {**projection, "_id": 1}
-        if self.ferretdb and sum(map(len, by_scope.values())) <= FERRETDB_LOOKUPS_MAX:
+        if self.ferretdb and sum(map(len, by_scope.values())) <= max(lookups, FERRETDB_LOOKUPS_MAX):
             docs = await _gather(
                 *(found.find_one({**_scope_filter(scope), "_id": _id}, projection)
                   for scope, ids in by_scope.items() for _id in ids)
@@ -986,12 +990,20 @@ class MongoDeepStore:
         deeps = clip_batch(deeps, self._limits, self.on_clip)
         received = now_text(self._clock)
         async with self._write_lock, _translated("write run_step_details"):
-            # Both reads at once: the runs' index entries (bodies of a run marked pruned
-            # are dropped) and the batch's rows (their stored reasoning, and which exist).
-            entries, stored = await _gather(
-                self._index_entries(list(dict.fromkeys((d.company_id, d.run_id) for d in deeps))),
-                self._stored_reasoning([(d.company_id, d.run_id, d.step_seq) for d in deeps]),
-            )
+            entries = await self._index_entries(list(dict.fromkeys((d.company_id, d.run_id) for d in deeps)))
+            # Only rows that can exist are read: those of runs with an entry, below its
+            # high-water (next_step: past every ordinal a deep write of the run has sent;
+            # an entry without one, older or the compactor's, says nothing). A row this
+            # misses is safe: its insert collides on _id and its update (or the
+            # reasoning's read, merge and conditional write) follows, as for a row
+            # another writer created since the read.
+            candidates = []
+            for d in deeps:
+                entry = entries.get((d.company_id, d.run_id))
+                if entry is not None and (entry[1] is None or d.step_seq < entry[1]):
+                    candidates.append((d.company_id, d.run_id, d.step_seq))
+            stored = await self._stored_reasoning(candidates) if candidates else {}
+            entries = {key: pruned_at for key, (pruned_at, _) in entries.items()}
             pruned = {key for key, pruned_at in entries.items() if pruned_at}
             if pruned:
                 deeps = [d for d in deeps if (d.company_id, d.run_id) not in pruned]
@@ -1000,13 +1012,19 @@ class MongoDeepStore:
             # The index moves before the bodies land, so a prune that ranked the run
             # before this write misses it.
             index_writes = []
+            next_step: dict[RunKey, int] = {}
+            for d in deeps:
+                key2 = (d.company_id, d.run_id)
+                next_step[key2] = max(next_step.get(key2, 0), d.step_seq + 1)
             for (c, r), (last, rank) in batch_ranks(deeps, received).items():
                 _id = row_id(c, r)
+                high = next_step[(c, r)]
                 fresh = {"_id": _id, "company_id": c, "run_id": r, "rank": rank, "last_ts": last,
-                         "received_at": received, "version": 1}  # fmt: skip
+                         "received_at": received, "version": 1, "next_step": high}  # fmt: skip
                 update = UpdateOne(
                     {"_id": _id},
-                    {"$max": {"rank": rank, "last_ts": last, "received_at": received}, "$inc": {"version": 1},
+                    {"$max": {"rank": rank, "last_ts": last, "received_at": received, "next_step": high},
+                     "$inc": {"version": 1},
                      "$setOnInsert": {"company_id": c, "run_id": r}},
                     upsert=True,
                 )  # fmt: skip
@@ -1095,7 +1113,8 @@ class MongoDeepStore:
         if not ids:
             return {}
         docs = await self._conn.find_by_id(
-            "run_step_details", [(key[:2], _id) for _id, key in ids.items()], {"reasoning": 1, REASONING_VERSION: 1}
+            "run_step_details", [(key[:2], _id) for _id, key in ids.items()], {"reasoning": 1, REASONING_VERSION: 1},
+            lookups=FERRETDB_DEEP_LOOKUPS_MAX,
         )
         return {ids[_id]: _Seen(_text(doc.get("reasoning")), doc.get(REASONING_VERSION)) for _id, doc in docs.items()}
 
@@ -1105,12 +1124,12 @@ class MongoDeepStore:
         if not keys:
             return {}
         ids = {row_id(*key): key for key in keys}
-        docs = await self._conn.find_by_id("deep_runs", [(key[:1], _id) for _id, key in ids.items()], {"pruned_at": 1})
-        return {ids[_id]: doc.get("pruned_at") for _id, doc in docs.items()}
+        docs = await self._conn.find_by_id("deep_runs", [(key[:1], _id) for _id, key in ids.items()], {"pruned_at": 1, "next_step": 1})
+        return {ids[_id]: (doc.get("pruned_at"), doc.get("next_step")) for _id, doc in docs.items()}
 
     async def _pruned(self, keys: Sequence[RunKey]) -> set[RunKey]:
         """Those runs whose index entry is marked pruned."""
-        return {key for key, pruned_at in (await self._index_entries(keys)).items() if pruned_at}
+        return {key for key, (pruned_at, _) in (await self._index_entries(keys)).items() if pruned_at}
 
     async def get_deep(
         self, company_id: str, run_id: str, *, after: int | None = None, limit: int | None = None
