@@ -23,7 +23,8 @@ which MongoDB serves from the indexes and FerretDB-on-SQLite by a scan.
 index entries) are read in one ``{company_id, _id: {$in: ids}}`` query per
 collection and company (at most :data:`READ_QUERIES_MAX` per collection, companies
 grouped past that; the deep rows one query per run while a batch has at most that
-many runs), all at once, never one request per key: FerretDB pushes the
+many runs, and only those below their run's high-water, below), all at once, never
+one request per key: FerretDB pushes the
 ``company_id`` (``run_id``) equality down to PostgreSQL (never ``$in``), so it
 decodes one company's (run's) documents instead of the whole collection's. Even
 FerretDB's pushed-down ``{_id: value}`` is a scan of the table inside SQLite (its
@@ -52,8 +53,10 @@ A row the batch's read found absent is *inserted* instead (one unordered
 ``insert_many`` per collection, the document its update would create): on
 FerretDB an insert is cheap while every update scans the table (above). Such
 rows are: the steps, run record and state of a run with no stored state, the
-steps at or past its stored state's ``next_ordinal``, and the deep rows and
-index entries the deep write's read did not find. A row whose ``_id`` turns out
+steps at or past its stored state's ``next_ordinal``, the deep rows at or past
+their run's high-water (``deep_runs.next_step``, the ordinal after every one a deep
+write of the run has sent, raised before the bodies land; those are not even read)
+and the deep rows and index entries the deep write's read did not find. A row whose ``_id`` turns out
 taken (another writer created it since the read; the unique ``_id`` refuses the
 insert atomically on both servers) gets its update, so the outcome is the
 update's in every case.
