@@ -292,8 +292,11 @@ def _ingest_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--ingest-max-events", type=int, help="events per request, 413 past it [10000]")
     g.add_argument("--ingest-rate-events", type=float, help="events per second per company, 429 past it; 0: off [10000]")
     g.add_argument("--ingest-burst-events", type=int, help="the bucket's size, at least --ingest-max-events [50000]")
-    g.add_argument("--ingest-timeout-seconds", type=float, help="each request committed within this, else 503 [10]")
-    g.add_argument("--ingest-max-inflight-bytes", type=int, help="produced and not yet committed, 503 past it [67108864]")
+    g.add_argument("--ingest-timeout-seconds", type=float, help="every acknowledgement within this, else 503 [10]")
+    g.add_argument("--ingest-max-inflight-bytes", type=int, help="sent and not yet acknowledged, 503 past it [67108864]")
+    g.add_argument("--ingest-transactions", action="store_const", const=True, default=None,
+                   help="each request in one Kafka transaction: whole or not at all downstream "
+                        "[STEPSTREAM_INGEST_TRANSACTIONS, off]")  # fmt: skip
     g.add_argument("--ingest-max-requests", type=int, help="ingest requests at once, 503 past it [32]")
     g.add_argument("--ingest-transactional-id", help="prefix of the producers' transactional.id, which needs Kafka "
                    "WRITE and DESCRIBE on it [STEPSTREAM_INGEST_TRANSACTIONAL_ID, stepstream-api]")  # fmt: skip
@@ -332,7 +335,8 @@ def _settings(args: argparse.Namespace) -> Settings:
         "store_retry_seconds", "stop_grace_seconds", "replication_factor", "tokens_file", "api_host", "api_port",
         "api_max_exports", "api_export_wait_seconds", "create_topics",
         "api_ingest", "ingest_max_body_bytes", "ingest_max_events", "ingest_rate_events", "ingest_burst_events",
-        "ingest_timeout_seconds", "ingest_max_inflight_bytes", "ingest_max_requests", "ingest_transactional_id",
+        "ingest_timeout_seconds", "ingest_max_inflight_bytes", "ingest_max_requests", "ingest_transactions",
+        "ingest_transactional_id",
         *KAFKA_OVERRIDES,
         "compactor_interval_seconds", "compactor_web_port", "deep_runs_per_company",
         "deep_ttl_seconds", "step_ttl_seconds", "abandon_after_seconds", "retention_file",

@@ -115,10 +115,12 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # Per company: a token bucket of events refilled at this rate (0: no limit), 429 when empty.
     ingest_rate_events: float = 10_000.0
     ingest_burst_events: int = 50_000  # at least ingest_max_events
-    ingest_timeout_seconds: float = 10.0  # each request's transaction committed within this, else 503
-    ingest_max_inflight_bytes: int = 67_108_864  # produced, not yet committed; 503 past it
+    ingest_timeout_seconds: float = 10.0  # every acknowledgement (or the commit) within this, else 503
+    ingest_max_inflight_bytes: int = 67_108_864  # sent, not yet acknowledged (committed); 503 past it
     ingest_max_requests: int = 32  # ingest requests served at once per process; 503 past it
-    # The prefix of the ingest producers' transactional.id: {prefix}-{hostname}-{pid}-{slot}.
+    # Each request in a Kafka transaction (all or nothing downstream; api/kafka_txn_log.py),
+    # and the prefix of those producers' transactional.id: {prefix}-{hostname}-{pid}-0-{slot}.
+    ingest_transactions: bool = False
     ingest_transactional_id: str = "stepstream-api"
 
     @property

@@ -26,6 +26,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from stepstream.api.app import ApiApp, create_app
 from stepstream.api.ingest import Ingest, IngestLimits
 from stepstream.api.kafka_log import KafkaEventLog
+from stepstream.api.kafka_txn_log import TransactionalEventLog
 from stepstream.api.ratelimit import CompanyBuckets
 from stepstream.api.tokens import TokenRegistry
 from stepstream.kafka.connection import KafkaConnection
@@ -93,11 +94,13 @@ class IngestApp:
     def __init__(
         self, loop: HostLoop, broker: str, topic: str, tokens: Path, *, rate: float = 0, burst: int = 0,
         timeout_seconds: float = 10.0, limits: IngestLimits | None = None, connection: KafkaConnection | None = None,
+        transactional: bool = False,
     ) -> None:  # fmt: skip
         self.loop = loop
         self.metrics = ApiMetrics()
         self.ingest_metrics = IngestMetrics(self.metrics.registry)
-        self.log = KafkaEventLog(connection or KafkaConnection.plaintext(broker), topic, self.ingest_metrics, timeout_seconds=timeout_seconds)
+        kind = TransactionalEventLog if transactional else KafkaEventLog
+        self.log = kind(connection or KafkaConnection.plaintext(broker), topic, self.ingest_metrics, timeout_seconds=timeout_seconds)
         ingest = Ingest(self.log, CompanyBuckets(rate, burst), limits or IngestLimits(), self.ingest_metrics)
         self.app: ApiApp = create_app(MemoryStepStore(), MemoryDeepStore(), TokenRegistry(tokens), self.metrics, ingest=ingest)
         self.client: httpx.AsyncClient | None = None

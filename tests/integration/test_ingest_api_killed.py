@@ -1,4 +1,5 @@
-"""An API process killed while it produces leaves no half request downstream.
+"""With ``--ingest-transactions``, an API process killed while it produces leaves no
+half request downstream.
 
 A real ``stepstream api --ingest`` takes concurrent requests of 60 events over three
 runs each (three partitions) and is SIGKILLed while they flow, some of them half
@@ -34,7 +35,7 @@ def test_a_killed_api_leaves_each_request_whole_or_absent(kafka_bootstrap: str, 
     topic = loop.run(create_topic(kafka_bootstrap, partitions=3))
     tokens = tmp_path / "tokens.json"
     token, _ = add_token(tokens, "acme", ["ingest"], created="2026-12-01T12:00:00Z")
-    env = {"STEPSTREAM_INGEST_TIMEOUT_SECONDS": "1"}
+    env = {"STEPSTREAM_INGEST_TIMEOUT_SECONDS": "1", "STEPSTREAM_INGEST_TRANSACTIONS": "true"}
     api = ApiProcess(kafka_bootstrap, topic, tokens, tmp_path, **env).wait_connected()
     second = None
     requests: dict[int, list[dict]] = {}

@@ -1,5 +1,5 @@
-"""Nothing half-accepted downstream: each ingest request is produced inside a Kafka
-transaction, and the worker reads ``read_committed``.
+"""Nothing half-accepted downstream, with ``--ingest-transactions``: each ingest request
+is produced inside a Kafka transaction, and the worker reads ``read_committed``.
 
 On the real broker, a request is made to fail half-way: its runs go to three
 partitions, and one of its records is larger than its topic's ``max.message.bytes``, so
@@ -73,7 +73,7 @@ def test_a_request_aborted_half_way_is_never_read_and_never_folded(kafka_bootstr
     loop = HostLoop()
     topic = loop.run(_topic(kafka_bootstrap))
     token, _ = add_token(tmp_path / "tokens.json", "acme", ["ingest"], created="2026-12-01T12:00:00Z")
-    app = IngestApp(loop, kafka_bootstrap, topic, tmp_path / "tokens.json", timeout_seconds=5).start()
+    app = IngestApp(loop, kafka_bootstrap, topic, tmp_path / "tokens.json", timeout_seconds=5, transactional=True).start()
     worker = None
     try:
         accepted: list[dict] = []

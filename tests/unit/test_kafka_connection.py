@@ -197,14 +197,18 @@ def test_the_librdkafka_config_is_the_same_connection() -> None:
     full = producer_config(kafka, timeout_seconds=3, max_inflight_bytes=1 << 20, max_request_bytes=1 << 20)
     assert (full["enable.idempotence"], full["acks"], full["partitioner"]) == (True, "all", "murmur2_random")
     assert full["allow.auto.create.topics"] is False and full["message.timeout.ms"] == 3000
-    # A transaction outlives the commit of the other slot and its own: two timeouts.
-    assert full["transaction.timeout.ms"] == 2 * 3000 + 5000 and "transactional.id" not in full
     Producer(full).flush(0)  # every key and value is one librdkafka knows (an unknown one raises)
-    Producer(dict(full, **{"transactional.id": "stepstream-api-h-1-0-0"})).flush(0)
+    from stepstream.api.kafka_txn_log import transactional_config
+
+    txn = transactional_config(kafka, timeout_seconds=3, max_inflight_bytes=1 << 20, max_request_bytes=1 << 20)
+    # A transaction outlives the commit of the other slot and its own: two timeouts.
+    assert txn["transaction.timeout.ms"] == 2 * 3000 + 5000 and "transactional.id" not in txn
+    assert {k: v for k, v in txn.items() if k != "transaction.timeout.ms"} == full
+    Producer(dict(txn, **{"transactional.id": "stepstream-api-h-1-0-0"})).flush(0)
 
 
 def test_transactional_ids_differ_per_process_and_log_and_slot_and_repeat_on_restart() -> None:
-    from stepstream.api.kafka_log import transactional_ids
+    from stepstream.api.kafka_txn_log import transactional_ids
 
     one = transactional_ids("stepstream-api", 2, host="pod-a", pid=1)
     assert one == ["stepstream-api-pod-a-1-0-0", "stepstream-api-pod-a-1-0-1"]

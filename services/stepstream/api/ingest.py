@@ -193,7 +193,7 @@ def ingest_router(ingest: Ingest, guards: list[object]) -> Router:
     async def post_events(company: CompanyParam, request: Request[Any, Any, Any]) -> Accepted:
         """Wire v1 events (``application/x-ndjson``: one per line; ``application/json``:
         an array) of the path's company, produced to the raw topic keyed
-        ``{company_id}/{run_id}``, in one Kafka transaction. 202 only once it is committed;
+        ``{company_id}/{run_id}``. 202 only once the broker acknowledged every event;
         every event's ``company_id`` must be the path's (else 403, nothing produced)."""
         media = request.headers.get("content-type", "").partition(";")[0].strip().lower()
         if media not in (NDJSON, JSON):

@@ -104,8 +104,8 @@ def otlp_router(ingest: Ingest, topic: str, guards: list[object]) -> Router:
         """An OTLP ``ExportTraceServiceRequest`` (``application/x-protobuf`` or
         ``application/json``, optionally gzip), produced to the OTLP topic with the
         token's company as its ``stepstream-company`` header; 200 (an
-        ``ExportTraceServiceResponse`` in the request's encoding) only once the Kafka
-        transaction holding it is committed."""
+        ``ExportTraceServiceResponse`` in the request's encoding) only once the broker
+        acknowledged it."""
         company: str = request.state.company
         media = request.headers.get("content-type", "").partition(";")[0].strip().lower()
         if media not in (PROTOBUF, JSON):

@@ -21,6 +21,7 @@ GRACEFUL_SHUTDOWN_SECONDS = 5
 def build_ingest(settings: Settings, metrics: ApiMetrics) -> Ingest:
     """The ingest route's parts from the settings; its Kafka event log is not started."""
     from stepstream.api.kafka_log import KafkaEventLog
+    from stepstream.api.kafka_txn_log import TransactionalEventLog
     from stepstream.api.ratelimit import CompanyBuckets
     from stepstream.ingest.dead_letters import max_request_bytes
 
@@ -33,15 +34,17 @@ def build_ingest(settings: Settings, metrics: ApiMetrics) -> Ingest:
         except ImportError as exc:
             raise ConfigError(f"STEPSTREAM_OTLP_TOPIC is set: {exc}") from None
     ingest_metrics = IngestMetrics(metrics.registry)
-    event_log = KafkaEventLog(
-        settings.kafka,
-        settings.topic,
-        ingest_metrics,
-        timeout_seconds=settings.ingest_timeout_seconds,
-        max_inflight_bytes=settings.ingest_max_inflight_bytes,
-        max_request_bytes=max_request_bytes(settings.max_event_bytes),
-        transactional_id=settings.ingest_transactional_id,
-    )
+    bounds = {
+        "timeout_seconds": settings.ingest_timeout_seconds,
+        "max_inflight_bytes": settings.ingest_max_inflight_bytes,
+        "max_request_bytes": max_request_bytes(settings.max_event_bytes),
+    }
+    event_log: KafkaEventLog | TransactionalEventLog
+    if settings.ingest_transactions:
+        event_log = TransactionalEventLog(settings.kafka, settings.topic, ingest_metrics,
+                                          transactional_id=settings.ingest_transactional_id, **bounds)  # fmt: skip
+    else:
+        event_log = KafkaEventLog(settings.kafka, settings.topic, ingest_metrics, **bounds)
     limits = IngestLimits(
         max_body_bytes=settings.ingest_max_body_bytes,
         max_events=settings.ingest_max_events,
