@@ -261,15 +261,7 @@ class KafkaEventLog:
             backoff = min(backoff * 2, 5.0)
 
     def _client_error(self, producer: Any, error: Any) -> None:
-        """librdkafka's error callback (polling thread): the name only, never a text
-        that might quote the configuration."""
-        log.warning("ingest: Kafka client error %s%s", error.name(), " (fatal)" if error.fatal() else "")
-        loop = self._loop
-        if loop is not None:
-            try:
-                loop.call_soon_threadsafe(self._lost, producer, error.code(), error.fatal())
-            except RuntimeError:
-                pass
+        client_error(self._loop, error, self._lost, producer)
 
     def _lost(self, producer: Any, code: int, fatal: bool) -> None:
         from confluent_kafka import KafkaError
@@ -393,6 +385,18 @@ class KafkaEventLog:
         name = _reason(error)
         log.warning("ingest: Kafka refused a record (%s)", name)
         raise LogUnavailable(f"Kafka refused the events ({name})", cause="unavailable", retry_after=1)
+
+
+def client_error(loop: asyncio.AbstractEventLoop | None, error: Any, lost: Callable[..., None], *args: Any) -> None:
+    """librdkafka's error callback (polling thread): logs the name only, never a text
+    that might quote the configuration, and calls ``lost(*args, code, fatal)`` on the
+    loop (not once the loop is closed)."""
+    log.warning("ingest: Kafka client error %s%s", error.name(), " (fatal)" if error.fatal() else "")
+    if loop is not None:
+        try:
+            loop.call_soon_threadsafe(lost, *args, error.code(), error.fatal())
+        except RuntimeError:  # the loop is closed
+            pass
 
 
 def _topic_problem(producer: Any, topic: str) -> str | None:

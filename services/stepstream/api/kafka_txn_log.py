@@ -82,7 +82,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from stepstream.api.event_log import LogUnavailable, Record
-from stepstream.api.kafka_log import _reason, _topic_problem, producer_config
+from stepstream.api.kafka_log import _reason, _topic_problem, client_error, producer_config
 from stepstream.errors import ConfigError
 from stepstream.kafka.connection import KafkaConnection
 from stepstream.metrics import IngestMetrics
@@ -141,11 +141,9 @@ class _Slot:
     the transaction it has open (collecting, or committing while ``committing``);
     ``broken``: the producer must be replaced before it is used again."""
 
-    __slots__ = ("index", "transactional_id", "producer", "generation", "ready", "broken", "committing", "group",
-                 "idle_since")
+    __slots__ = ("transactional_id", "producer", "generation", "ready", "broken", "committing", "group", "idle_since")
 
-    def __init__(self, index: int, transactional_id: str) -> None:
-        self.index = index
+    def __init__(self, transactional_id: str) -> None:
         self.transactional_id = transactional_id
         self.producer: Any = None
         self.generation = 0  # bumped with each producer: a replaced one's callbacks are ignored
@@ -189,7 +187,7 @@ class TransactionalEventLog:
         self._describe = connection.describe()
         self._clock = clock
         ids = transactional_ids(transactional_id, producers, instance=next(_instances))
-        self._slots = [_Slot(i, tid) for i, tid in enumerate(ids)]
+        self._slots = [_Slot(tid) for tid in ids]
         self._loop: asyncio.AbstractEventLoop | None = None
         self._poller: threading.Thread | None = None
         self._polling = False
@@ -206,10 +204,6 @@ class TransactionalEventLog:
     @property
     def connected(self) -> bool:
         return self._connected
-
-    @property
-    def transactional_ids(self) -> list[str]:
-        return [slot.transactional_id for slot in self._slots]
 
     # -- the producers and their polling thread ------------------------------------------
 
@@ -330,15 +324,7 @@ class TransactionalEventLog:
             backoff = min(backoff * 2, 5.0)
 
     def _client_error(self, slot: _Slot, generation: int, error: Any) -> None:
-        """librdkafka's error callback (polling thread): the name only, never a text
-        that might quote the configuration."""
-        log.warning("ingest: Kafka client error %s%s", error.name(), " (fatal)" if error.fatal() else "")
-        loop = self._loop
-        if loop is not None:
-            try:
-                loop.call_soon_threadsafe(self._lost, slot, generation, error.code(), error.fatal())
-            except RuntimeError:
-                pass
+        client_error(self._loop, error, self._lost, slot, generation)
 
     def _lost(self, slot: _Slot, generation: int, code: int, fatal: bool) -> None:
         from confluent_kafka import KafkaError
