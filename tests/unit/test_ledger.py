@@ -19,6 +19,8 @@ ops = st.lists(
     st.one_of(
         st.tuples(st.just("deliver"), st.sampled_from(TPS), st.integers(1, 4)),
         st.tuples(st.just("hold"), st.sampled_from(TPS), st.sampled_from(RUNS)),
+        # A redo (stale refusal) holds again an offset delivered earlier, still pending.
+        st.tuples(st.just("rehold"), st.sampled_from(TPS), st.sampled_from(RUNS), st.integers(0, 20)),
         st.tuples(st.just("release"), st.sampled_from(RUNS)),
         st.tuples(st.just("seal")),
         st.tuples(st.just("durable"), st.integers(0, 3)),
@@ -70,6 +72,15 @@ def test_every_commit_equals_the_durable_watermark(script):
             offset = model.next.get(tp, 0) - 1
             if (tp, offset) not in model.open or model.hold_tp.get(run, tp) != tp:
                 continue
+            ledger.hold((run, run), tp, offset, 0.0)
+            model.hold_tp[run] = tp
+            model.held.setdefault(run, set()).add((tp, offset))
+        elif kind == "rehold":
+            _, tp, run, back = op
+            pending = sorted({o for t, o in model.open if t == tp}.union(*({o for t, o in b if t == tp} for b in model.sealed)))
+            if not pending or run in model.hold_tp:
+                continue
+            offset = pending[back % len(pending)]
             ledger.hold((run, run), tp, offset, 0.0)
             model.hold_tp[run] = tp
             model.held.setdefault(run, set()).add((tp, offset))
@@ -138,3 +149,23 @@ def test_a_hold_released_into_a_sealed_batch_holds_the_watermark_until_that_batc
     assert ledger.watermark("p0") == 0
     ledger.durable(refused)
     assert ledger.watermark("p0") == 2  # the open batch (offset 2) is not durable yet
+
+
+def test_a_redo_holding_an_earlier_offset_again_holds_the_watermark_there():
+    """A stale refusal's redo applies a run's journal again and holds its tail's first
+    offset again, after other runs took holds at later offsets: the watermark must stay
+    at the earliest hold, not the first one taken (a worker test lost the deltas of two
+    runs that way: committed past them on a revocation)."""
+    ledger = Ledger()
+    ledger.delivered("p0", 0, 9)
+    ledger.hold(("c", "early"), "p0", 3, now=1.0)
+    refused = ledger.seal()
+    ledger.hold(("c", "late"), "p0", 8, now=2.0)
+    ledger.release(("c", "early"), refused)  # the redo: the old hold rides on the refused batch
+    ledger.hold(("c", "early"), "p0", 3, now=3.0)  # ... and the journal applied again holds it anew
+    ledger.durable(refused)
+    assert ledger.watermark("p0") == 3
+    ledger.release(("c", "early"))
+    ledger.durable(ledger.seal())
+    assert ledger.watermark("p0") == 8
+    assert list(ledger.expired_holds(now=10.0, max_age=5.0)) == [("c", "late")]
