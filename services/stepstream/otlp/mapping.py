@@ -44,7 +44,7 @@ from stepstream.core import wire
 from stepstream.core.caps import clip
 from stepstream.errors import WireError
 from stepstream.otlp.decode import Rejected
-from stepstream.otlp.messages import input_messages, output_messages, parse_json, split_reasoning
+from stepstream.otlp.messages import parse_json, span_messages, split_reasoning
 from stepstream.otlp.spans import STATUS_ERROR, Span
 
 __all__ = ["ROLES", "Kind", "classify", "event_id", "order_trace", "span_events"]
@@ -145,7 +145,12 @@ _USAGE_KEYS = (
 )
 
 
+_ANY_USAGE = frozenset(key for keys in _USAGE_KEYS for key in keys)
+
+
 def _usage(attributes: dict[str, Any]) -> wire.Usage | None:
+    if _ANY_USAGE.isdisjoint(attributes):
+        return None
     found = [_first(attributes, *keys) for keys in _USAGE_KEYS]
     if all(value is None for value in found):
         return None
@@ -205,14 +210,18 @@ def _arguments(value: Any) -> dict[str, Any]:
 
 
 class _Builder:
-    __slots__ = ("company_id", "run_id", "span", "events")
+    __slots__ = ("company_id", "run_id", "span", "events", "_times")
 
     def __init__(self, company_id: str, run_id: str, span: Span) -> None:
         self.company_id, self.run_id, self.span = company_id, run_id, span
         self.events: list[tuple[str, Any]] = []
+        self._times: dict[int, datetime] = {}  # a span's events are at its start or its end
 
     def add(self, role: str, event_type: type, nanos: int, payload: Any) -> None:
         span = self.span
+        ts = self._times.get(nanos)
+        if ts is None:
+            ts = self._times[nanos] = _ts(nanos)
         self.events.append(
             (
                 role,
@@ -222,7 +231,7 @@ class _Builder:
                     company_id=self.company_id,
                     run_id=self.run_id,
                     seq=0,
-                    ts=_ts(nanos),
+                    ts=ts,
                     payload=payload,
                 ),
             )
@@ -269,15 +278,16 @@ def _llm(build: _Builder, error: tuple[str, str] | None) -> None:
     call_id = span.span_id
     provider = _first(attributes, "gen_ai.provider.name", "gen_ai.system", "llm.provider", "llm.system")
     model = _first(attributes, "gen_ai.request.model", "llm.model_name", "gen_ai.response.model")
+    inputs, outputs = span_messages(attributes)
     request = wire.LlmRequestPayload(
         call_id=call_id,
         provider=_text(provider, "unknown"),
         model=_text(model, "unknown"),
-        input=input_messages(attributes),
+        input=inputs,
         params=_params(attributes),
     )
     build.add("call", wire.LlmRequest, span.start_ns, request)
-    output, reasoning = split_reasoning(output_messages(attributes))
+    output, reasoning = split_reasoning(outputs)
     if reasoning:
         build.add("reasoning", wire.ThinkingDelta, span.end_ns, wire.ThinkingDeltaPayload(text=reasoning))
     if output is None and error is not None:
