@@ -324,12 +324,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--broker", default=None, help="also measure stepstream worker from the OTLP topic")
     parser.add_argument("--no-python-backend", action="store_true", help="skip the pure-Python protobuf decode")
+    parser.add_argument("--only", choices=("fixtures", "agent"), default=None, help="measure one corpus")
     args = parser.parse_args(argv)
 
     from stepstream.otlp.decode import protobuf_backend
 
     backend = protobuf_backend()
-    corpora = {"fixtures": corpus(args.traces), "agent": agent_corpus(args.agent_traces)}
+    builders = {"fixtures": lambda: corpus(args.traces), "agent": lambda: agent_corpus(args.agent_traces)}
+    corpora = {name: build() for name, build in builders.items() if args.only in (None, name)}
     measured = {name: _in_process(*built, args.rounds) for name, built in corpora.items()}
     python_rate = None if args.no_python_backend else _python_backend_rate(args.traces, max(args.rounds - 1, 1))
 
@@ -347,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
                        ("json", "decode otlp_json (msgspec)"), ("bridge", "decode+map+encode otlp_proto")):  # fmt: skip
         row(label, [f"{r[key]:,.0f} spans/s {1e6 / r[key]:5.1f} us" for r, _ in measured.values()])
     row("native wire decode_event", [f"{r['native']:,.0f} ev/s {1e6 / r['native']:5.1f} us" for r, _ in measured.values()])
-    if python_rate is not None:
+    if python_rate is not None and "fixtures" in measured:
         fixtures = measured["fixtures"][0]
         print(f"decode otlp_proto (python backend, fixtures): {python_rate:,.0f} spans/s {1e6 / python_rate:.1f} us/span"
               f" (upb is {fixtures['proto'] / python_rate:.1f}x)")  # fmt: skip
