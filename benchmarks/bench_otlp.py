@@ -17,7 +17,7 @@ Measured, spans per second of one core (best of ``--rounds``, process CPU time):
 * decode alone: ``otlp_proto`` on the installed protobuf backend (upb), ``otlp_proto`` on
   the pure-Python backend (a subprocess with ``PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION=python``,
   for the ratio; fixtures only), ``otlp_json``;
-* decode + identity + mapping to checked wire events, numbered per run and encoded (what
+* decode + identity + mapping to checked wire events, numbered per run, as bytes (what
   the bridge stage computes per span), beside ``wire.decode_event`` of native events of
   the same runs (per event);
 * with ``--broker``: ``stepstream worker`` into SQLite from the OTLP topic (``otlp_proto``
@@ -282,6 +282,17 @@ def _through_worker(broker: str, protos: list[bytes], events: list, spans: int) 
     }
 
 
+def _bridge_bytes(mapped: Any) -> list[bytes]:
+    """The raw topic's bytes of one request, as the bridge makes them (``encoded_runs``;
+    encoding ``runs_of`` in a tree from before it, for a before/after)."""
+    from stepstream.core import wire
+    from stepstream.otlp import trace
+
+    if hasattr(trace, "encoded_runs"):
+        return [data for run in trace.encoded_runs(mapped).values() for data in run]
+    return [wire.encode_event(event) for run in trace.runs_of(mapped.events).values() for event in run]
+
+
 def _in_process(protos: list[bytes], jsons: list[bytes], spans: int, rounds: int) -> tuple[dict[str, float], list]:
     """Decode and mapping rates of one corpus (spans/s, native events/s), and its events
     in run order."""
@@ -296,9 +307,7 @@ def _in_process(protos: list[bytes], jsons: list[bytes], spans: int, rounds: int
 
     def bridge() -> None:
         for data in protos:
-            for run in runs_of(map_spans(decode_request(data).spans, None, policy).events).values():
-                for event in run:
-                    wire.encode_event(event)
+            _bridge_bytes(map_spans(decode_request(data).spans, None, policy))
 
     events = [e for data in protos for e in map_spans(decode_request(data).spans, None, policy).events]
     ordered = [e for run in runs_of(events).values() for e in run]

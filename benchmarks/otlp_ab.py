@@ -5,8 +5,8 @@
 Puts ``SERVICES_DIR`` first on ``sys.path`` (so run it in turn with the old and the new
 tree, in one shell, for a before/after), and prints microseconds of CPU per span, best of
 5, over both corpora of ``benchmarks.bench_otlp``: ``decode`` (``decode_request``),
-``map`` (``map_spans`` of decoded spans) and ``bridge`` (decode, map, ``runs_of`` and
-``encode_event``: what the bridge stage computes).
+``map`` (``map_spans`` of decoded spans) and ``bridge`` (decode, map and the raw topic's
+bytes: what the bridge stage computes, ``bench_otlp._bridge_bytes``).
 """
 
 from __future__ import annotations
@@ -21,11 +21,10 @@ def main(services: str) -> None:
     sys.path.insert(0, services)
     sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
     import stepstream
-    from benchmarks.bench_otlp import agent_corpus, corpus
-    from stepstream.core import wire
+    from benchmarks.bench_otlp import _bridge_bytes, agent_corpus, corpus
     from stepstream.otlp.decode import decode_request
     from stepstream.otlp.identity import IdentityPolicy
-    from stepstream.otlp.trace import map_spans, runs_of
+    from stepstream.otlp.trace import map_spans
 
     assert stepstream.__file__.startswith(services), stepstream.__file__
     policy = IdentityPolicy(default_company="acme")
@@ -35,9 +34,7 @@ def main(services: str) -> None:
 
         def bridge() -> None:
             for data in protos:
-                for run in runs_of(map_spans(decode_request(data).spans, None, policy).events).values():
-                    for event in run:
-                        wire.encode_event(event)
+                _bridge_bytes(map_spans(decode_request(data).spans, None, policy))
 
         def best(work) -> float:
             seconds = float("inf")

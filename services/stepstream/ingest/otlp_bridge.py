@@ -37,11 +37,11 @@ from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from stepstream.core.wire import encode_event, partition_key
+from stepstream.core.wire import partition_key
 from stepstream.errors import WireError
 from stepstream.otlp.decode import decode_request
 from stepstream.otlp.identity import IdentityPolicy, header_company
-from stepstream.otlp.trace import map_spans, runs_of
+from stepstream.otlp.trace import encoded_runs, map_spans
 from stepstream.pipeline import StoreFailed
 
 __all__ = ["BridgeFailed", "OtlpBridge"]
@@ -109,12 +109,12 @@ class OtlpBridge:
                 self._counted(f"rejected:{reason}", count)
                 await self._dead_letter(record, reason, f"{count} span(s) or event(s) of the request: {reason}")
             self._counted("spans", len(decoded.spans))
-            runs = runs_of(mapped.events)
+            runs = encoded_runs(mapped)
             await self._send(runs, acknowledgements)
             self._counted("events", sum(map(len, runs.values())))
         return acknowledgements
 
-    async def _send(self, runs: dict[tuple[str, str], list[Any]], acknowledgements: list[Awaitable[Any]]) -> None:
+    async def _send(self, runs: dict[tuple[str, str], list[bytes]], acknowledgements: list[Awaitable[Any]]) -> None:
         # One deadline for a record's events, not one per event (a timeout entered and
         # left costs more than the producer's own work for a small event), nor
         # asyncio.wait_for (a task for every one): the producer takes most events without
@@ -128,12 +128,12 @@ class OtlpBridge:
                 moved = loop.time()
                 for (company, run), events in runs.items():
                     key = partition_key(company, run)
-                    for event in events:
+                    for value in events:
                         now = loop.time()
                         if now - moved >= step:
                             deadline.reschedule(now + budget)
                             moved = now
-                        acknowledgements.append(await produce(key, encode_event(event)))
+                        acknowledgements.append(await produce(key, value))
         except Exception as exc:  # noqa: BLE001 - every send failure stops the worker, by policy
             raise BridgeFailed(f"an event made from a span was not sent: {exc!r}") from exc
 

@@ -47,7 +47,7 @@ from stepstream.otlp.decode import Rejected
 from stepstream.otlp.messages import parse_json, span_messages, split_reasoning
 from stepstream.otlp.spans import STATUS_ERROR, Span
 
-__all__ = ["ROLES", "Kind", "classify", "event_id", "order_trace", "span_events"]
+__all__ = ["ROLES", "Kind", "classify", "event_id", "order_trace", "span_events", "span_records", "trace_order"]
 
 Kind = Literal["agent", "llm", "tool", "other"]
 ROLES = ("start", "call", "reasoning", "result", "error", "end")
@@ -317,6 +317,15 @@ def span_events(
 ) -> tuple[list[tuple[str, wire.Event]], list[Rejected]]:
     """The ``(role, event)`` pairs of one span, ``seq`` 0 (module docstring), and the
     events refused by the wire bounds (``max_event_bytes``: the raw topic's ``oversize``)."""
+    records, rejected = span_records(span, company_id, run_id, max_event_bytes)
+    return [(role, event) for role, event, _ in records], rejected
+
+
+def span_records(
+    span: Span, company_id: str, run_id: str, max_event_bytes: int | None = None
+) -> tuple[list[tuple[str, wire.Event, bytes]], list[Rejected]]:
+    """:func:`span_events` with each event's wire bytes (``seq`` 0), those the check decoded:
+    :func:`stepstream.core.wire.renumbered` numbers them without encoding them again."""
     build = _Builder(company_id, run_id, span)
     kind = classify(span)
     root = span.parent_span_id is None
@@ -331,11 +340,12 @@ def span_events(
         build.add("error", wire.Error, span.end_ns, wire.ErrorPayload(message=error[1], kind=error[0]))
     if root:
         _run_end(build, error)
-    checked: list[tuple[str, wire.Event]] = []
+    checked: list[tuple[str, wire.Event, bytes]] = []
     rejected: list[Rejected] = []
     for role, event in build.events:
+        encoded = wire.encode_event(event)
         try:
-            checked.append((role, wire.decode_event(wire.encode_event(event), max_bytes=max_event_bytes)))
+            checked.append((role, wire.decode_event(encoded, max_bytes=max_event_bytes), encoded))
         except WireError as exc:
             rejected.append(Rejected(exc.reason, f"the {role} event of a span: {exc.detail}"))
     return checked, rejected
@@ -350,6 +360,10 @@ def _order(item: tuple[str, str, wire.Event]) -> tuple[int, datetime, int, str]:
 def order_trace(events: list[tuple[str, str, wire.Event]]) -> list[wire.Event]:
     """``(role, span_id, event)`` of one run, de-duplicated by event id and numbered by
     the module docstring's order (``seq`` from 0)."""
+    return [msgspec.structs.replace(event, seq=seq) for seq, event in enumerate(trace_order(events))]
+
+
+def trace_order(events: list[tuple[str, str, wire.Event]]) -> list[wire.Event]:
+    """The events of :func:`order_trace` in its order, not numbered (``seq`` as mapped, 0)."""
     unique = {event.event_id: (role, span_id, event) for role, span_id, event in events}
-    ordered = sorted(unique.values(), key=_order)
-    return [msgspec.structs.replace(event, seq=seq) for seq, (_, _, event) in enumerate(ordered)]
+    return [event for _, _, event in sorted(unique.values(), key=_order)]
