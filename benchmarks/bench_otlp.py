@@ -1,47 +1,54 @@
-"""OTLP decode and mapping, side by side in one run.
+"""OTLP decode and mapping, side by side in one run, over two corpora.
 
-    python -m benchmarks.bench_otlp [--traces N] [--rounds R]
+    python -m benchmarks.bench_otlp [--traces N] [--agent-traces N] [--rounds R] [--broker HOST:PORT]
 
-A corpus of export requests made from the golden fixtures (tests/unit/otlp_fixtures: the
-three convention families, each trace copied with fresh trace ids), 50 traces (250
-spans) per request as a Collector's batch holds them. Measured, spans per second of one
-core:
+Two corpora of export requests, each column of the report:
+
+* ``fixtures``: the golden fixtures (tests/unit/otlp_fixtures: the three convention
+  families, each trace copied with fresh trace ids, about 5 spans a trace), 50 traces
+  (250 spans) per request as a Collector's batch holds them;
+* ``agent``: agent traces of the same conventions, one root agent span, 10 inference
+  spans and 10 tool spans a trace (copies of the fixtures' spans, their messages, tool
+  arguments and results grown to a few hundred bytes: :func:`agent_corpus`), 12 traces
+  (252 spans) per request.
+
+Measured, spans per second of one core (best of ``--rounds``, process CPU time):
 
 * decode alone: ``otlp_proto`` on the installed protobuf backend (upb), ``otlp_proto`` on
   the pure-Python backend (a subprocess with ``PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION=python``,
-  for the ratio), ``otlp_json``;
-* decode + identity + mapping to checked wire events (what a bridge stage costs per span),
-  beside ``wire.decode_event`` of native events of the same runs (per event);
+  for the ratio; fixtures only), ``otlp_json``;
+* decode + identity + mapping to checked wire events, numbered per run, as bytes (what
+  the bridge stage computes per span), beside ``wire.decode_event`` of native events of
+  the same runs (per event);
 * with ``--broker``: ``stepstream worker`` into SQLite from the OTLP topic (``otlp_proto``
   batches; the worker bridges them to its raw topic and folds them), beside the same
   worker over the same events pre-loaded on the raw topic as native events (numbered,
-  ``span:`` ids): spans/s and the ratio.
+  ``span:`` ids): spans/s, events/s and the ratios.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import os
+import re
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "unit" / "otlp_fixtures"
 FAMILIES = ("genai", "openinference", "traceloop")
 
 
 def corpus(traces: int, per_request: int = 50) -> tuple[list[bytes], list[bytes], int]:
-    """``(proto requests, json requests, spans)``."""
-    import base64
-    import json
-
-    from google.protobuf.json_format import MessageToDict
+    """``(proto requests, json requests, spans)``: the golden fixtures, each trace copied
+    with a fresh trace id (about 5 spans a trace)."""
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-    sources = [ExportTraceServiceRequest.FromString((FIXTURES / f"{f}.pb").read_bytes()) for f in FAMILIES]
-    protos: list[bytes] = []
-    jsons: list[bytes] = []
+    sources = _fixtures()
+    requests: list[Any] = []
     spans = 0
     request = ExportTraceServiceRequest()
     for n in range(traces):
@@ -55,25 +62,146 @@ def corpus(traces: int, per_request: int = 50) -> tuple[list[bytes], list[bytes]
                     span.trace_id = trace_id
                     spans += 1
         if (n + 1) % per_request == 0 or n == traces - 1:
-            protos.append(request.SerializeToString())
-            document = MessageToDict(request, use_integers_for_enums=True)
-            for rs in document.get("resourceSpans", []):
-                for ss in rs.get("scopeSpans", []):
-                    for span in ss.get("spans", []):
-                        for field in ("traceId", "spanId", "parentSpanId"):
-                            if field in span:
-                                span[field] = base64.b64decode(span[field]).hex()
-            jsons.append(json.dumps(document).encode())
+            requests.append(request)
             request = ExportTraceServiceRequest()
-    return protos, jsons, spans
+    return [r.SerializeToString() for r in requests], [_collector_json(r) for r in requests], spans
+
+
+# The agent corpus: the fixtures' texts grown to a few hundred bytes (plain words, so
+# each stays valid at every level of JSON quoting the conventions use).
+_FILLER = (
+    "considering the forecast models, the recent observations from nearby stations, the humidity, the wind "
+    "from the south west, the pressure trend over the last twelve hours and the chance of rain this evening"
+)
+_GROWN = {
+    "You are a weather assistant.": f"You are a weather assistant. Answer briefly, {_FILLER}, and cite the station.",
+    "What is the weather in Paris?": f"What is the weather in Paris? Please take into account {_FILLER}.",
+    "It is 18 degrees and sunny in Paris.": f"It is 18 degrees and sunny in Paris, {_FILLER}.",
+    "sunny": f"sunny, {_FILLER}",
+    "The user wants the weather; I should call get_weather for Paris.":
+        f"The user wants the weather; I should call get_weather for Paris, {_FILLER}.",
+    "account lookup denied": f"account lookup denied, {_FILLER}",
+}
+_GROWN_PATTERN = re.compile("|".join(re.escape(short) for short in sorted(_GROWN, key=len, reverse=True)))
+AGENT_LLM_SPANS = 10
+AGENT_TOOL_SPANS = 10
+
+
+def agent_corpus(traces: int, per_request: int = 12) -> tuple[list[bytes], list[bytes], int]:
+    """``(proto requests, json requests, spans)``: agent traces as an agent loop makes them,
+    one root agent span, ``AGENT_LLM_SPANS`` inference spans and ``AGENT_TOOL_SPANS`` tool
+    spans (one of them failed) a trace, 12 traces (252 spans) a request. Every span is a
+    copy of a fixture span of its family (so of its conventions: attributes, messages,
+    usage, tool arguments and results), its texts grown by ``_GROWN``, with fresh ids,
+    times one after the other and distinct tool call ids."""
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+    from opentelemetry.proto.trace.v1.trace_pb2 import ScopeSpans
+
+    from stepstream.otlp.decode import decode_request
+    from stepstream.otlp.mapping import classify
+
+    templates = []
+    for source in _fixtures():
+        kinds = iter(classify(span) for span in decode_request(source.SerializeToString()).spans)
+        found: dict[str, list[tuple[Any, Any]]] = {"root": [], "llm": [], "tool": [], "failed": []}
+        for resource_spans in source.resource_spans:
+            for scope_spans in resource_spans.scope_spans:
+                for span in scope_spans.spans:
+                    kind = next(kinds)
+                    if not span.parent_span_id:
+                        kind = "root"
+                    elif kind == "tool" and span.status.code == 2:
+                        kind = "failed"
+                    if kind in found:
+                        found[kind].append((scope_spans.scope, _grown(span)))
+        templates.append((source.resource_spans[0].resource, found))
+
+    requests: list[Any] = []
+    spans = 0
+    request = ExportTraceServiceRequest()
+    for n in range(traces):
+        resource, found = templates[n % len(templates)]
+        trace_id = (n + 1).to_bytes(16, "big")
+        root_scope, root = found["root"][0]
+        shape = [found["llm"][i % len(found["llm"])] for i in range(AGENT_LLM_SPANS)]
+        shape += [found["tool"][0]] * (AGENT_TOOL_SPANS - 1) + [found["failed"][0]]
+        resource_spans = request.resource_spans.add()
+        resource_spans.resource.CopyFrom(resource)
+        scopes: dict[str, ScopeSpans] = {}
+        start = 1_764_633_600_000_000_000 + n * 1_000_000_000
+        copies = [(root_scope, root, 0)] + [(scope, span, i + 1) for i, (scope, span) in enumerate(shape)]
+        for scope, template, index in copies:
+            if scope.name not in scopes:
+                scopes[scope.name] = resource_spans.scope_spans.add()
+                scopes[scope.name].scope.CopyFrom(scope)
+            span = scopes[scope.name].spans.add()
+            span.CopyFrom(template)
+            span.trace_id = trace_id
+            span.span_id = (n * 64 + index + 1).to_bytes(8, "big")
+            if index:
+                span.parent_span_id = (n * 64 + 1).to_bytes(8, "big")
+                span.start_time_unix_nano = start + index * 20_000_000
+                span.end_time_unix_nano = span.start_time_unix_nano + 15_000_000
+            else:
+                span.start_time_unix_nano = start
+                span.end_time_unix_nano = start + (len(copies) + 1) * 20_000_000
+            for attribute in span.attributes:
+                if attribute.key in ("gen_ai.tool.call.id", "tool_call.id"):
+                    attribute.value.string_value = f"call_{n}_{index}"
+            spans += 1
+        if (n + 1) % per_request == 0 or n == traces - 1:
+            requests.append(request)
+            request = ExportTraceServiceRequest()
+    return [r.SerializeToString() for r in requests], [_collector_json(r) for r in requests], spans
+
+
+def _grown(span: Any) -> Any:
+    copy = type(span)()
+    copy.CopyFrom(span)
+    for attributes in [copy.attributes, *(event.attributes for event in copy.events)]:
+        for attribute in attributes:
+            if attribute.value.WhichOneof("value") == "string_value":
+                attribute.value.string_value = _GROWN_PATTERN.sub(lambda m: _GROWN[m.group()], attribute.value.string_value)
+    return copy
+
+
+def _fixtures() -> list[Any]:
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    return [ExportTraceServiceRequest.FromString((FIXTURES / f"{f}.pb").read_bytes()) for f in FAMILIES]
+
+
+def _collector_json(request: Any) -> bytes:
+    """``otlp_json`` as the Collector's marshaler writes it: hex ids, integer enums."""
+    import base64
+    import json
+
+    from google.protobuf.json_format import MessageToDict
+
+    document = MessageToDict(request, use_integers_for_enums=True)
+    for rs in document.get("resourceSpans", []):
+        for ss in rs.get("scopeSpans", []):
+            for span in ss.get("spans", []):
+                for field in ("traceId", "spanId", "parentSpanId"):
+                    if field in span:
+                        span[field] = base64.b64decode(span[field]).hex()
+    return json.dumps(document).encode()
 
 
 def _rate(work, items: int, rounds: int) -> float:
+    """Items per second of CPU, best of ``rounds``. What is alive before (the corpora,
+    the other measurements' events) is frozen out of the garbage collector's sight, so
+    each measurement pays only for its own objects, as a worker would."""
     best = float("inf")
     for _ in range(rounds):
-        start = time.process_time()
-        work()
-        best = min(best, time.process_time() - start)
+        gc.collect()
+        gc.freeze()
+        try:
+            start = time.process_time()
+            work()
+            best = min(best, time.process_time() - start)
+        finally:
+            gc.unfreeze()
     return items / best if best > 0 else float("inf")
 
 
@@ -99,7 +227,9 @@ def _proto_only(traces: int, rounds: int) -> float:
     return _rate(lambda: [decode_request(data) for data in protos], spans, rounds)
 
 
-def _through_worker(broker: str, protos: list[bytes], events: list, spans: int) -> None:
+def _through_worker(broker: str, protos: list[bytes], events: list, spans: int) -> dict[str, Any] | None:
+    """The worker from the OTLP topic and over the same events native (module docstring);
+    ``None`` when a worker failed (printed)."""
     import asyncio
     import tempfile
     import uuid
@@ -141,65 +271,107 @@ def _through_worker(broker: str, protos: list[bytes], events: list, spans: int) 
                 results[name] = worker.measure(len(events), budget=60.0, timeout=400.0)
             except WorkerFailed as exc:
                 print(f"worker ({name}): n/a: {exc}")
-                return
+                return None
             finally:
                 worker.stop()
     per_span = len(events) / spans
-    otlp_rate, native_rate = results["otlp"].rate / per_span, results["native"].rate / per_span
-    print(f"worker from the OTLP topic:  {otlp_rate:>10,.0f} spans/s ({results['otlp'].rate:,.0f} events/s,"
-          f" {results['otlp'].cpu_us_per_event:.0f} us CPU/event)")  # fmt: skip
-    print(f"worker, same events native:  {native_rate:>10,.0f} spans/s ({results['native'].rate:,.0f} events/s,"
-          f" {results['native'].cpu_us_per_event:.0f} us CPU/event)")  # fmt: skip
-    print(f"OTLP / native (same events): {otlp_rate / native_rate:.2f};"
-          f" OTLP spans/s / native events/s: {otlp_rate / results['native'].rate:.2f}")  # fmt: skip
+    otlp, native_run = results["otlp"], results["native"]
+    return {
+        "otlp_spans": otlp.rate / per_span, "otlp_events": otlp.rate, "otlp_cpu": otlp.cpu_us_per_event * per_span,
+        "native_events": native_run.rate, "native_cpu": native_run.cpu_us_per_event,
+    }
+
+
+def _bridge_bytes(mapped: Any) -> list[bytes]:
+    """The raw topic's bytes of one request, as the bridge makes them (``encoded_runs``;
+    encoding ``runs_of`` in a tree from before it, for a before/after)."""
+    from stepstream.core import wire
+    from stepstream.otlp import trace
+
+    if hasattr(trace, "encoded_runs"):
+        return [data for run in trace.encoded_runs(mapped).values() for data in run]
+    return [wire.encode_event(event) for run in trace.runs_of(mapped.events).values() for event in run]
+
+
+def _in_process(protos: list[bytes], jsons: list[bytes], spans: int, rounds: int) -> tuple[dict[str, float], list]:
+    """Decode and mapping rates of one corpus (spans/s, native events/s), and its events
+    in run order."""
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    from stepstream.core import wire
+    from stepstream.otlp.decode import decode_request
+    from stepstream.otlp.identity import IdentityPolicy
+    from stepstream.otlp.trace import map_spans, runs_of
+
+    policy = IdentityPolicy(default_company="acme")
+
+    def bridge() -> None:
+        for data in protos:
+            _bridge_bytes(map_spans(decode_request(data).spans, None, policy))
+
+    events = [e for data in protos for e in map_spans(decode_request(data).spans, None, policy).events]
+    ordered = [e for run in runs_of(events).values() for e in run]
+    native = [wire.encode_event(e) for e in ordered]
+    rates = {
+        "parse": _rate(lambda: [ExportTraceServiceRequest.FromString(data) for data in protos], spans, rounds),
+        "proto": _rate(lambda: [decode_request(data) for data in protos], spans, rounds),
+        "json": _rate(lambda: [decode_request(data) for data in jsons], spans, rounds),
+        "bridge": _rate(bridge, spans, rounds),
+        "native": _rate(lambda: [wire.decode_event(data) for data in native], len(native), rounds),
+        "events_per_span": len(native) / spans,
+        "spans": spans,
+        "requests": len(protos),
+        "bytes_per_span": sum(map(len, protos)) / spans,
+    }
+    return rates, ordered
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_otlp")
-    parser.add_argument("--traces", type=int, default=2000)
+    parser.add_argument("--traces", type=int, default=2000, help="traces of the fixtures corpus (about 5 spans each)")
+    parser.add_argument("--agent-traces", type=int, default=500, help="traces of the agent corpus (21 spans each)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--broker", default=None, help="also measure stepstream worker from the OTLP topic")
+    parser.add_argument("--no-python-backend", action="store_true", help="skip the pure-Python protobuf decode")
+    parser.add_argument("--only", choices=("fixtures", "agent"), default=None, help="measure one corpus")
     args = parser.parse_args(argv)
 
-    from stepstream.core import wire
-    from stepstream.otlp.decode import decode_request, protobuf_backend
-    from stepstream.otlp.identity import IdentityPolicy
-    from stepstream.otlp.trace import map_spans, runs_of
+    from stepstream.otlp.decode import protobuf_backend
 
-    protos, jsons, spans = corpus(args.traces)
-    policy = IdentityPolicy(default_company="acme")
-    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+    backend = protobuf_backend()
+    builders = {"fixtures": lambda: corpus(args.traces), "agent": lambda: agent_corpus(args.agent_traces)}
+    corpora = {name: build() for name, build in builders.items() if args.only in (None, name)}
+    measured = {name: _in_process(*built, args.rounds) for name, built in corpora.items()}
+    python_rate = None if args.no_python_backend else _python_backend_rate(args.traces, max(args.rounds - 1, 1))
 
-    parse_rate = _rate(lambda: [ExportTraceServiceRequest.FromString(data) for data in protos], spans, args.rounds)
-    proto_rate = _rate(lambda: [decode_request(data) for data in protos], spans, args.rounds)
-    json_rate = _rate(lambda: [decode_request(data) for data in jsons], spans, args.rounds)
-    python_rate = _python_backend_rate(args.traces, max(args.rounds - 1, 1))
+    names = list(corpora)
+    print(f"protobuf backend {backend}; load average {os.getloadavg()[0]:.1f}; best of {args.rounds} rounds, CPU time of one core")
+    print(f"{'':34}" + "".join(f"{name:>26}" for name in names))
 
-    def bridge() -> None:
-        for data in protos:
-            map_spans(decode_request(data).spans, None, policy)
+    def row(label: str, cells: list[str]) -> None:
+        print(f"{label:34}" + "".join(f"{cell:>26}" for cell in cells))
 
-    bridge_rate = _rate(bridge, spans, args.rounds)
-    events = [e for data in protos for e in map_spans(decode_request(data).spans, None, policy).events]
-    native = [wire.encode_event(e) for run in runs_of(events).values() for e in run]
-    native_rate = _rate(lambda: [wire.decode_event(data) for data in native], len(native), args.rounds)
-
-    print(f"corpus: {spans} spans in {len(protos)} requests; {len(native)} wire events; protobuf backend {protobuf_backend()};"
-          f" load average {os.getloadavg()[0]:.1f}")  # fmt: skip
-    print(f"parse only ({protobuf_backend()}, no spans):{parse_rate:>10,.0f} spans/s  {1e6 / parse_rate:6.1f} us/span")
-    print(f"decode otlp_proto ({protobuf_backend()}):  {proto_rate:>10,.0f} spans/s  {1e6 / proto_rate:6.1f} us/span")
-    if python_rate is not None:
-        print(f"decode otlp_proto (python): {python_rate:>10,.0f} spans/s  {1e6 / python_rate:6.1f} us/span"
-              f"  (upb is {proto_rate / python_rate:.1f}x)")  # fmt: skip
-    print(f"decode otlp_json (msgspec): {json_rate:>10,.0f} spans/s  {1e6 / json_rate:6.1f} us/span"
-          f"  ({json_rate / proto_rate:.2f}x proto)")  # fmt: skip
-    print(f"decode+map otlp_proto:      {bridge_rate:>10,.0f} spans/s  {1e6 / bridge_rate:6.1f} us/span"
-          f"  ({len(native) / spans:.2f} events/span)")  # fmt: skip
-    print(f"native wire decode_event:   {native_rate:>10,.0f} events/s {1e6 / native_rate:6.1f} us/event"
-          f"  (decode+map per event is {native_rate * len(native) / spans / bridge_rate:.1f}x native decode)")  # fmt: skip
+    row("corpus", [f"{m['spans']:,} spans, {m['requests']} requests" for m in (r for r, _ in measured.values())])
+    row("wire events per span", [f"{r['events_per_span']:.2f}" for r, _ in measured.values()])
+    row("otlp_proto bytes per span", [f"{r['bytes_per_span']:,.0f}" for r, _ in measured.values()])
+    for key, label in (("parse", f"parse only ({backend})"), ("proto", f"decode otlp_proto ({backend})"),
+                       ("json", "decode otlp_json (msgspec)"), ("bridge", "decode+map+encode otlp_proto")):  # fmt: skip
+        row(label, [f"{r[key]:,.0f} spans/s {1e6 / r[key]:5.1f} us" for r, _ in measured.values()])
+    row("native wire decode_event", [f"{r['native']:,.0f} ev/s {1e6 / r['native']:5.1f} us" for r, _ in measured.values()])
+    if python_rate is not None and "fixtures" in measured:
+        fixtures = measured["fixtures"][0]
+        print(f"decode otlp_proto (python backend, fixtures): {python_rate:,.0f} spans/s {1e6 / python_rate:.1f} us/span"
+              f" (upb is {fixtures['proto'] / python_rate:.1f}x)")  # fmt: skip
     if args.broker:
-        ordered = [e for run in runs_of(events).values() for e in run]
-        _through_worker(args.broker, protos, ordered, spans)
+        worker = {name: _through_worker(args.broker, corpora[name][0], measured[name][1], corpora[name][2]) for name in names}
+        if any(w is None for w in worker.values()):
+            return 1
+        ws = [worker[name] for name in names]
+        row("worker from the OTLP topic", [f"{w['otlp_spans']:,.0f} spans/s" for w in ws])
+        row("  (its events, CPU per span)", [f"{w['otlp_events']:,.0f} ev/s {w['otlp_cpu']:.0f} us" for w in ws])
+        row("worker, same events native", [f"{w['native_events']:,.0f} ev/s {w['native_cpu']:.0f} us/ev" for w in ws])
+        row("OTLP spans/s / native ev/s", [f"{w['otlp_spans'] / w['native_events']:.2f}" for w in ws])
+        row("OTLP ev/s / native ev/s", [f"{w['otlp_events'] / w['native_events']:.2f}" for w in ws])
     return 0
 
 

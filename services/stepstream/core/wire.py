@@ -357,6 +357,22 @@ def encode_event(event: Event) -> bytes:
     return _encoder.encode(event)
 
 
+_SEQ_ZERO = b',"seq":0,"ts":'
+
+
+def renumbered(encoded: bytes, seq: int) -> bytes:
+    """``encoded``, the :func:`encode_event` bytes of an event with ``seq`` 0, with ``seq``
+    instead: the bytes of ``encode_event(msgspec.structs.replace(event, seq=seq))``, without
+    encoding the event again. The envelope's fields are encoded in their declared order,
+    and each one before ``seq`` is a number or a string, inside which ``,"seq":0,"ts":``
+    cannot appear (its quotes would be escaped): the first one is the envelope's.
+    Raises ``ValueError`` for bytes without it."""
+    head, found, tail = encoded.partition(_SEQ_ZERO)
+    if not found:
+        raise ValueError("not the bytes of an event with seq 0")
+    return b"".join((head, b',"seq":', str(seq).encode(), b',"ts":', tail))
+
+
 # Events whose id starts so carry no agent seq: the fold numbers them on arrival and
 # skips a redelivery by id (core.fold.RunFold.push). Made by the OTLP stage from spans.
 UNSEQUENCED = "otlp:"

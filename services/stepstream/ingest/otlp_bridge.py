@@ -37,11 +37,11 @@ from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from stepstream.core.wire import encode_event, partition_key
+from stepstream.core.wire import partition_key
 from stepstream.errors import WireError
 from stepstream.otlp.decode import decode_request
 from stepstream.otlp.identity import IdentityPolicy, header_company
-from stepstream.otlp.trace import map_spans, runs_of
+from stepstream.otlp.trace import encoded_runs, map_spans
 from stepstream.pipeline import StoreFailed
 
 __all__ = ["BridgeFailed", "OtlpBridge"]
@@ -90,7 +90,8 @@ class OtlpBridge:
         partition's, in order); returns their acknowledgements, for :meth:`acknowledged`
         (the worker sends every partition of a fetch before it waits, so the producer
         fills whole batches instead of one round trip per partition). Raises
-        :class:`BridgeFailed` when the producer does not take an event within the budget."""
+        :class:`BridgeFailed` when the producer does not take an event within the budget
+        (at least 63/64 of it: :meth:`_send`)."""
         acknowledgements: list[Awaitable[Any]] = []
         for record in records:
             value = record.value if record.value is not None else b""
@@ -108,21 +109,31 @@ class OtlpBridge:
                 self._counted(f"rejected:{reason}", count)
                 await self._dead_letter(record, reason, f"{count} span(s) or event(s) of the request: {reason}")
             self._counted("spans", len(decoded.spans))
-            produced = 0
-            for (company, run), events in runs_of(mapped.events).items():
-                key = partition_key(company, run)
-                for event in events:
-                    acknowledgements.append(await self._send(key, encode_event(event)))
-                produced += len(events)
-            self._counted("events", produced)
+            runs = encoded_runs(mapped)
+            await self._send(runs, acknowledgements)
+            self._counted("events", sum(map(len, runs.values())))
         return acknowledgements
 
-    async def _send(self, key: bytes, value: bytes) -> Awaitable[Any]:
-        # A deadline, not asyncio.wait_for: the producer takes most records without
-        # suspending, and wait_for would make a task of every one.
+    async def _send(self, runs: dict[tuple[str, str], list[bytes]], acknowledgements: list[Awaitable[Any]]) -> None:
+        # One deadline for a record's events, not one per event (a timeout entered and
+        # left costs more than the producer's own work for a small event), nor
+        # asyncio.wait_for (a task for every one): the producer takes most events without
+        # suspending. The deadline is moved on at most every 1/64 of the budget, so an
+        # event the producer does not take fails after 63/64 of the budget at the least.
+        loop = asyncio.get_running_loop()
+        budget, produce = self._budget, self._produce
+        step = budget / 64
         try:
-            async with asyncio.timeout(self._budget):
-                return await self._produce(key, value)
+            async with asyncio.timeout(budget) as deadline:
+                moved = loop.time()
+                for (company, run), events in runs.items():
+                    key = partition_key(company, run)
+                    for value in events:
+                        now = loop.time()
+                        if now - moved >= step:
+                            deadline.reschedule(now + budget)
+                            moved = now
+                        acknowledgements.append(await produce(key, value))
         except Exception as exc:  # noqa: BLE001 - every send failure stops the worker, by policy
             raise BridgeFailed(f"an event made from a span was not sent: {exc!r}") from exc
 
@@ -133,7 +144,10 @@ class OtlpBridge:
             return
         try:
             async with asyncio.timeout(self._budget):
-                await asyncio.gather(*acknowledgements)
+                # In order, not asyncio.gather (a callback on each of thousands): once the
+                # first is acknowledged, most of the rest are already.
+                for acknowledgement in acknowledgements:
+                    await acknowledgement
         except Exception as exc:  # noqa: BLE001 - unacknowledged: Kafka rewinds to before these records
             raise BridgeFailed(f"the broker did not acknowledge events made from spans: {exc!r}") from exc
 

@@ -44,10 +44,10 @@ from stepstream.core import wire
 from stepstream.core.caps import clip
 from stepstream.errors import WireError
 from stepstream.otlp.decode import Rejected
-from stepstream.otlp.messages import input_messages, output_messages, parse_json, split_reasoning
+from stepstream.otlp.messages import parse_json, span_messages, split_reasoning
 from stepstream.otlp.spans import STATUS_ERROR, Span
 
-__all__ = ["ROLES", "Kind", "classify", "event_id", "order_trace", "span_events"]
+__all__ = ["ROLES", "Kind", "classify", "event_id", "order_trace", "span_events", "span_records", "trace_order"]
 
 Kind = Literal["agent", "llm", "tool", "other"]
 ROLES = ("start", "call", "reasoning", "result", "error", "end")
@@ -145,7 +145,12 @@ _USAGE_KEYS = (
 )
 
 
+_ANY_USAGE = frozenset(key for keys in _USAGE_KEYS for key in keys)
+
+
 def _usage(attributes: dict[str, Any]) -> wire.Usage | None:
+    if _ANY_USAGE.isdisjoint(attributes):
+        return None
     found = [_first(attributes, *keys) for keys in _USAGE_KEYS]
     if all(value is None for value in found):
         return None
@@ -205,14 +210,18 @@ def _arguments(value: Any) -> dict[str, Any]:
 
 
 class _Builder:
-    __slots__ = ("company_id", "run_id", "span", "events")
+    __slots__ = ("company_id", "run_id", "span", "events", "_times")
 
     def __init__(self, company_id: str, run_id: str, span: Span) -> None:
         self.company_id, self.run_id, self.span = company_id, run_id, span
         self.events: list[tuple[str, Any]] = []
+        self._times: dict[int, datetime] = {}  # a span's events are at its start or its end
 
     def add(self, role: str, event_type: type, nanos: int, payload: Any) -> None:
         span = self.span
+        ts = self._times.get(nanos)
+        if ts is None:
+            ts = self._times[nanos] = _ts(nanos)
         self.events.append(
             (
                 role,
@@ -222,7 +231,7 @@ class _Builder:
                     company_id=self.company_id,
                     run_id=self.run_id,
                     seq=0,
-                    ts=_ts(nanos),
+                    ts=ts,
                     payload=payload,
                 ),
             )
@@ -269,15 +278,16 @@ def _llm(build: _Builder, error: tuple[str, str] | None) -> None:
     call_id = span.span_id
     provider = _first(attributes, "gen_ai.provider.name", "gen_ai.system", "llm.provider", "llm.system")
     model = _first(attributes, "gen_ai.request.model", "llm.model_name", "gen_ai.response.model")
+    inputs, outputs = span_messages(attributes)
     request = wire.LlmRequestPayload(
         call_id=call_id,
         provider=_text(provider, "unknown"),
         model=_text(model, "unknown"),
-        input=input_messages(attributes),
+        input=inputs,
         params=_params(attributes),
     )
     build.add("call", wire.LlmRequest, span.start_ns, request)
-    output, reasoning = split_reasoning(output_messages(attributes))
+    output, reasoning = split_reasoning(outputs)
     if reasoning:
         build.add("reasoning", wire.ThinkingDelta, span.end_ns, wire.ThinkingDeltaPayload(text=reasoning))
     if output is None and error is not None:
@@ -307,6 +317,15 @@ def span_events(
 ) -> tuple[list[tuple[str, wire.Event]], list[Rejected]]:
     """The ``(role, event)`` pairs of one span, ``seq`` 0 (module docstring), and the
     events refused by the wire bounds (``max_event_bytes``: the raw topic's ``oversize``)."""
+    records, rejected = span_records(span, company_id, run_id, max_event_bytes)
+    return [(role, event) for role, event, _ in records], rejected
+
+
+def span_records(
+    span: Span, company_id: str, run_id: str, max_event_bytes: int | None = None
+) -> tuple[list[tuple[str, wire.Event, bytes]], list[Rejected]]:
+    """:func:`span_events` with each event's wire bytes (``seq`` 0), those the check decoded:
+    :func:`stepstream.core.wire.renumbered` numbers them without encoding them again."""
     build = _Builder(company_id, run_id, span)
     kind = classify(span)
     root = span.parent_span_id is None
@@ -321,11 +340,12 @@ def span_events(
         build.add("error", wire.Error, span.end_ns, wire.ErrorPayload(message=error[1], kind=error[0]))
     if root:
         _run_end(build, error)
-    checked: list[tuple[str, wire.Event]] = []
+    checked: list[tuple[str, wire.Event, bytes]] = []
     rejected: list[Rejected] = []
     for role, event in build.events:
+        encoded = wire.encode_event(event)
         try:
-            checked.append((role, wire.decode_event(wire.encode_event(event), max_bytes=max_event_bytes)))
+            checked.append((role, wire.decode_event(encoded, max_bytes=max_event_bytes), encoded))
         except WireError as exc:
             rejected.append(Rejected(exc.reason, f"the {role} event of a span: {exc.detail}"))
     return checked, rejected
@@ -340,6 +360,10 @@ def _order(item: tuple[str, str, wire.Event]) -> tuple[int, datetime, int, str]:
 def order_trace(events: list[tuple[str, str, wire.Event]]) -> list[wire.Event]:
     """``(role, span_id, event)`` of one run, de-duplicated by event id and numbered by
     the module docstring's order (``seq`` from 0)."""
+    return [msgspec.structs.replace(event, seq=seq) for seq, event in enumerate(trace_order(events))]
+
+
+def trace_order(events: list[tuple[str, str, wire.Event]]) -> list[wire.Event]:
+    """The events of :func:`order_trace` in its order, not numbered (``seq`` as mapped, 0)."""
     unique = {event.event_id: (role, span_id, event) for role, span_id, event in events}
-    ordered = sorted(unique.values(), key=_order)
-    return [msgspec.structs.replace(event, seq=seq) for seq, (_, _, event) in enumerate(ordered)]
+    return [event for _, _, event in sorted(unique.values(), key=_order)]

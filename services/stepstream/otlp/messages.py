@@ -30,7 +30,7 @@ from typing import Any
 
 import msgspec
 
-__all__ = ["input_messages", "output_messages", "parse_json", "split_reasoning"]
+__all__ = ["parse_json", "span_messages", "split_reasoning"]
 
 _REASONING_TYPES = ("reasoning", "thinking")
 _decode = msgspec.json.decode
@@ -47,20 +47,35 @@ def parse_json(value: Any) -> Any:
         return value
 
 
-def _indexed(attributes: dict[str, Any], prefix: str) -> list[dict[str, Any]]:
-    """``prefix.N.rest = value`` attributes as a list (by N) of ``{rest: value}``."""
-    groups: dict[int, dict[str, Any]] = {}
-    size = len(prefix)
-    for key, value in attributes.items():  # one pass: most spans hold none of them
-        if key.startswith(prefix):
+_PROMPTS, _COMPLETIONS = "gen_ai.prompt.", "gen_ai.completion."
+_INPUTS, _OUTPUTS = "llm.input_messages.", "llm.output_messages."
+_SPAN_FORMS = (_PROMPTS, _COMPLETIONS, _INPUTS, _OUTPUTS)
+_CONTENTS, _TOOL_CALLS = "message.contents.", "message.tool_calls."
+
+
+def _indexed(attributes: dict[str, Any], prefixes: tuple[str, ...]) -> dict[str, list[dict[str, Any]]]:
+    """``prefix.N.rest = value`` attributes, for each of ``prefixes`` (none of them the
+    start of another), as a list (by N) of ``{rest: value}``; a prefix without any is
+    absent. One pass, whatever the number of prefixes: most spans hold none of them, and
+    the comprehension finds that in the fewest bytecodes."""
+    keys = [key for key in attributes if key.startswith(prefixes)]
+    if not keys:
+        return {}
+    found: dict[str, list[dict[str, Any]]] = {}
+    for prefix in prefixes:
+        groups: dict[int, dict[str, Any]] = {}
+        size = len(prefix)
+        for key in keys if len(prefixes) == 1 else [key for key in keys if key.startswith(prefix)]:
             index, _, rest = key[size:].partition(".")
-            if index.isdigit() and rest:
-                groups.setdefault(int(index), {})[rest] = value
-    return [groups[index] for index in sorted(groups)]
-
-
-def _nested(flat: dict[str, Any], prefix: str) -> list[dict[str, Any]]:
-    return _indexed(flat, prefix)
+            if rest and index.isdigit():
+                group = groups.get(number := int(index))
+                if group is None:
+                    groups[number] = {rest: attributes[key]}
+                else:
+                    group[rest] = attributes[key]
+        if groups:
+            found[prefix] = [groups[index] for index in sorted(groups)]
+    return found
 
 
 def _semconv(value: Any) -> list[Any] | None:
@@ -82,7 +97,7 @@ def _prompt_message(flat: dict[str, Any]) -> dict[str, Any]:
     if role in _REASONING_TYPES:
         return {"role": "assistant", "parts": [{"type": "reasoning", "content": flat.get("content", "")}]}
     parts = _text_parts(flat.get("content"))
-    for call in _nested(flat, "tool_calls."):
+    for call in _indexed(flat, ("tool_calls.",)).get("tool_calls.", ()):
         parts.append(
             {"type": "tool_call", "id": call.get("id"), "name": call.get("name"), "arguments": parse_json(call.get("arguments"))}
         )
@@ -98,7 +113,8 @@ def _openinference_message(flat: dict[str, Any]) -> dict[str, Any]:
     """One ``llm.*_messages.N.message.*`` message (OpenInference)."""
     role = flat.get("message.role") or "user"
     parts = _text_parts(flat.get("message.content"))
-    for content in _nested(flat, "message.contents."):
+    nested = _indexed(flat, (_CONTENTS, _TOOL_CALLS))
+    for content in nested.get(_CONTENTS, ()):
         kind = content.get("message_content.type", "text")
         if kind in _REASONING_TYPES:
             parts.append({"type": "reasoning", "content": content.get("message_content.text", "")})
@@ -106,7 +122,7 @@ def _openinference_message(flat: dict[str, Any]) -> dict[str, Any]:
             parts.extend(_text_parts(content.get("message_content.text")))
         else:
             parts.append({"type": kind, **{k.removeprefix("message_content."): v for k, v in content.items()}})
-    for call in _nested(flat, "message.tool_calls."):
+    for call in nested.get(_TOOL_CALLS, ()):
         parts.append(
             {
                 "type": "tool_call",
@@ -120,37 +136,31 @@ def _openinference_message(flat: dict[str, Any]) -> dict[str, Any]:
     return {"role": role, "parts": parts}
 
 
-def input_messages(attributes: dict[str, Any]) -> Any:
-    """The span's input messages (module docstring), or ``None``."""
-    messages = _semconv(attributes.get("gen_ai.input.messages"))
+def span_messages(attributes: dict[str, Any]) -> tuple[Any, Any]:
+    """The span's ``(input messages, output messages)`` (module docstring), each ``None``
+    when the span holds none. The indexed forms are found in one pass over the attributes,
+    made only when the GenAI attributes are missing."""
+    inputs = _semconv(attributes.get("gen_ai.input.messages"))
     system = _semconv(attributes.get("gen_ai.system_instructions"))
-    if messages is not None or system is not None:
-        head = [{"role": "system", "parts": system}] if system else []
-        return head + (messages or [])
-    prompts = _indexed(attributes, "gen_ai.prompt.")
-    if prompts:
-        return [_prompt_message(flat) for flat in prompts]
-    flats = _indexed(attributes, "llm.input_messages.")
-    if flats:
-        return [_openinference_message(flat) for flat in flats]
-    if "input.value" in attributes:
-        return parse_json(attributes["input.value"])
-    return None
+    if inputs is not None or system is not None:
+        inputs = ([{"role": "system", "parts": system}] if system else []) + (inputs or [])
+    outputs = _semconv(attributes.get("gen_ai.output.messages"))
+    indexed = _indexed(attributes, _SPAN_FORMS) if inputs is None or outputs is None else {}
+    if inputs is None:
+        inputs = _indexed_messages(indexed, _PROMPTS, _INPUTS, attributes, "input.value")
+    if outputs is None:
+        outputs = _indexed_messages(indexed, _COMPLETIONS, _OUTPUTS, attributes, "output.value")
+    return inputs, outputs
 
 
-def output_messages(attributes: dict[str, Any]) -> Any:
-    """The span's output messages (module docstring), or ``None``."""
-    messages = _semconv(attributes.get("gen_ai.output.messages"))
-    if messages is not None:
-        return messages
-    completions = _indexed(attributes, "gen_ai.completion.")
-    if completions:
-        return [_prompt_message(flat) for flat in completions]
-    flats = _indexed(attributes, "llm.output_messages.")
-    if flats:
-        return [_openinference_message(flat) for flat in flats]
-    if "output.value" in attributes:
-        return parse_json(attributes["output.value"])
+def _indexed_messages(indexed: dict[str, list[dict[str, Any]]], openllmetry: str, openinference: str,
+                      attributes: dict[str, Any], value: str) -> Any:  # fmt: skip
+    if openllmetry in indexed:
+        return [_prompt_message(flat) for flat in indexed[openllmetry]]
+    if openinference in indexed:
+        return [_openinference_message(flat) for flat in indexed[openinference]]
+    if value in attributes:
+        return parse_json(attributes[value])
     return None
 
 

@@ -65,12 +65,14 @@ def _proto_attributes(attributes: Any, values: Values, limit: int) -> dict[str, 
     out: dict[str, Any] = {}
     for kv in pairs:
         key = kv.key
+        if len(key) > chars:
+            key = values.text(key)
         value = kv.value
-        if value.WhichOneof("value") == "string_value":  # the common case, inline
-            text = value.string_value
-            out[key if len(key) <= chars else values.text(key)] = text if len(text) <= chars else values.text(text)
+        text = value.string_value
+        if text:  # the common case, inline: only a string value has a non-empty one
+            out[key] = text if len(text) <= chars else values.text(text)
         else:
-            out[key if len(key) <= chars else values.text(key)] = _proto_value(value, values, 1)
+            out[key] = _proto_value(value, values, 1)
     return out
 
 
