@@ -19,7 +19,8 @@
 # DIR/secure/README. Users: admin (super user), worker, compactor, agents, api.
 #
 # Environment: STEPSTREAM_CACHE (default ~/.cache/stepstream), KAFKA_READY_TIMEOUT
-# (seconds, default 90), KAFKA_HEAP_OPTS (default -Xms256m -Xmx512m). Maven's own
+# (seconds, default 90), KAFKA_HEAP_OPTS (default -Xms256m -Xmx512m), KAFKA_LOG4J2_CONFIG
+# (the broker's log4j2 file, default log4j2.xml here: e.g. one with DEBUG for a logger). Maven's own
 # repository (~/.m2) is used as usual; MAVEN_OPTS=-Dmaven.repo.local=... moves it.
 set -euo pipefail
 
@@ -334,7 +335,7 @@ up() {
         -XX:+ExplicitGCInvokesConcurrent -XX:+ExitOnOutOfMemoryError -Xshare:auto \
         -Djava.awt.headless=true \
         -Dkafka.logs.dir="$data/logs" \
-        -Dlog4j2.configurationFile="$here/log4j2.xml" \
+        -Dlog4j2.configurationFile="${KAFKA_LOG4J2_CONFIG:-$here/log4j2.xml}" \
         -cp "$libs/*" kafka.Kafka "$data/server.properties" \
         >>"$data/logs/stdout.log" 2>&1 </dev/null &
     pid=$!

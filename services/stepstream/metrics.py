@@ -208,7 +208,7 @@ class IngestMetrics:
             ["cause"], registry=r,
         )  # fmt: skip
         self.transactions = Counter(
-            "stepstream_ingest_transactions", "Kafka transactions of the ingest producers, by outcome (committed, aborted).",
+            "stepstream_ingest_transactions", "Kafka transactions of the ingest producers, by outcome (committed, aborted, resealed).",
             ["outcome"], registry=r,
         )  # fmt: skip
         self.inflight_bytes = Gauge(

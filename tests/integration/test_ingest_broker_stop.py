@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import time
+from collections import Counter
 from pathlib import Path
 
 import msgspec
@@ -26,13 +27,23 @@ REPO = Path(__file__).resolve().parents[2]
 KAFKA = str(REPO / "deploy" / "kafka" / "kafka.sh")
 
 
+SETTLE_SECONDS = 30.0
+
+
+async def open_transactions(tail: TopicTail) -> str:
+    assert tail.consumer is not None and tail.probe is not None
+    stable, ends = await tail.consumer.end_offsets(tail.tps), await tail.probe.end_offsets(tail.tps)
+    return f"a transaction still open {SETTLE_SECONDS:g}s after the retry's 202: last stable offsets {stable}, log ends {ends}"
+
+
 def kafka(*args: str, timeout: float = 180) -> str:
     done = subprocess.run([KAFKA, *args], capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0, f"kafka.sh {' '.join(args)}: {done.stderr[-2000:]}"
     return done.stdout.strip()
 
 
-def test_a_broker_stopped_mid_request_is_503_and_the_retry_lands_once(tmp_path: Path) -> None:
+@pytest.mark.parametrize("transactional", [False, True], ids=["idempotent", "transactional"])
+def test_a_broker_stopped_mid_request_is_503_and_the_retry_lands_once(tmp_path: Path, transactional: bool) -> None:
     data = tmp_path / "kafka"
     bootstrap = kafka("up", "--port", "0", "--data", str(data))
     port = bootstrap.rpartition(":")[2]
@@ -41,7 +52,8 @@ def test_a_broker_stopped_mid_request_is_503_and_the_retry_lands_once(tmp_path: 
     try:
         topic = loop.run(create_topic(bootstrap, partitions=2))
         token, _ = add_token(tmp_path / "tokens.json", "acme", ["ingest"], created="2026-12-01T12:00:00Z")
-        app = IngestApp(loop, bootstrap, topic, tmp_path / "tokens.json", timeout_seconds=3).start()
+        app = IngestApp(loop, bootstrap, topic, tmp_path / "tokens.json", timeout_seconds=3,
+                        transactional=transactional).start()  # fmt: skip
         before = run_events("acme", "before", 5)
         assert app.post("acme", token, ndjson(before)).status_code == 202
         request = [e for r in range(4) for e in run_events("acme", f"mid-{r}", 50, pad=200)]
@@ -82,13 +94,19 @@ def test_a_broker_stopped_mid_request_is_503_and_the_retry_lands_once(tmp_path: 
         async def read_all():
             tail = await TopicTail(bootstrap, topic).start()
             try:
-                return await tail.read()
+                # Read committed, as the worker reads: no transaction may stay open (the
+                # last stable offsets reach the log ends) once the retry was answered.
+                assert await tail.settle(SETTLE_SECONDS), await open_transactions(tail)
+                return await tail.read(settle=0)
             finally:
                 await tail.stop()
 
         records = loop.run(read_all())
         ids = [msgspec.json.decode(value)["event_id"] for _, _, value in records]
         assert set(ids) == {e["event_id"] for e in before + request}
+        if transactional:  # nothing half-accepted: the request landed whole, once or twice (its 503 may follow a commit)
+            copies = Counter(ids)
+            assert {copies[e["event_id"]] for e in request} in ({1}, {2}), copies
         print(f"broker stop: {len(ids)} records for {len(before) + len(request)} events "
               f"({len(ids) - len(set(ids))} duplicates from the request answered 503, then retried)")  # fmt: skip
 

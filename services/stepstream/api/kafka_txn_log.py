@@ -64,6 +64,30 @@ have committed it. Then the request landed whole, and the client's retry lands o
 downstream (the worker skips a run's ``seq`` it already applied). What is never
 possible is half a request.
 
+**Markers a restarted broker drops.** A commit is acknowledged once the coordinator
+has logged it (``PREPARE_COMMIT``); it writes the commit markers into the data
+partitions just after. A broker killed in between sends them again when it restarts,
+but Kafka 4.1 to 4.4 (KAFKA-20734: their metadata cache answers "no leader" for a
+partition whose leader is offline as if it had been deleted) drops the markers of a
+partition that has no leader at that moment, which a single-replica partition has
+while its restarted broker waits to be unfenced, and logs the transaction complete.
+The partition then holds a transaction that nothing ends: its last stable offset stays
+at the transaction's first record, and ``read_committed`` readers (the worker) read
+that partition no further. Only a later marker of the same producer on that partition
+ends it (an abort marker would abort records answered 202). So each slot remembers the
+last record of each key of its last commit, and once a broker connection was lost or
+a commit timed out, the slot that committed last (and any that committed within a
+transaction timeout before it) *reseals*: once connected again, before it takes
+requests, it commits a transaction of its own holding one of those records per
+partition (the last of its keys there). Its commit marker ends the hanging
+transaction, committed, as the coordinator had decided. The resealed records are
+duplicates, which the worker skips (a run's ``seq`` it already applied); records
+without a key (OTLP) are not resealed. A reseal that fails is never aborted: its
+producer is replaced and the reseal tried again (``stepstream_ingest_transactions_total
+{outcome="resealed"}`` counts them). An API process that dies in the same outage
+cannot reseal: ``kafka-transactions.sh find-hanging`` shows such a transaction
+(docs/operations.md).
+
 The API does not create topics (the worker does, or an admin):
 ``allow.auto.create.topics`` is off, and an unknown raw topic leaves the route
 unconnected (503 ``unavailable``).
@@ -84,6 +108,7 @@ from typing import Any
 from stepstream.api.event_log import LogUnavailable, Record
 from stepstream.api.kafka_log import _reason, _topic_problem, client_error, producer_config
 from stepstream.errors import ConfigError
+from stepstream.ingest.routing import default_partition
 from stepstream.kafka.connection import KafkaConnection
 from stepstream.metrics import IngestMetrics
 
@@ -128,20 +153,28 @@ class _Group:
     """The requests produced into one transaction, answered together: a future each,
     resolved with ``None`` (committed) or the :class:`LogUnavailable` to raise."""
 
-    __slots__ = ("waiters", "size", "doomed")
+    __slots__ = ("waiters", "size", "doomed", "last")
 
     def __init__(self) -> None:
         self.waiters: list[asyncio.Future[LogUnavailable | None]] = []
         self.size = 0
         self.doomed: LogUnavailable | None = None  # a record of it was not taken: abort
+        self.last: _LastRecords = {}  # what a reseal re-produces, should this commit lose its markers
+
+
+# The last record of each key of a transaction: ``(topic, key) -> (value, headers)``.
+_LastRecords = dict[tuple[str, bytes], tuple[bytes, list[tuple[str, bytes]] | None]]
 
 
 class _Slot:
     """One transactional producer. ``ready``: its transactions are initialized; ``group``:
     the transaction it has open (collecting, or committing while ``committing``);
-    ``broken``: the producer must be replaced before it is used again."""
+    ``broken``: the producer must be replaced before it is used again; ``committed``:
+    the last record of each key of its last committed transaction (``committed_at``),
+    resealed while ``seal_due``."""
 
-    __slots__ = ("transactional_id", "producer", "generation", "ready", "broken", "committing", "group", "idle_since")
+    __slots__ = ("transactional_id", "producer", "generation", "ready", "broken", "committing", "group", "idle_since",
+                 "committed", "committed_at", "seal_due")  # fmt: skip
 
     def __init__(self, transactional_id: str) -> None:
         self.transactional_id = transactional_id
@@ -152,6 +185,9 @@ class _Slot:
         self.committing = False
         self.group: _Group | None = None
         self.idle_since = 0.0  # when its last transaction ended
+        self.committed: _LastRecords = {}
+        self.committed_at = 0.0
+        self.seal_due = False
 
 
 class TransactionalEventLog:
@@ -183,6 +219,7 @@ class TransactionalEventLog:
         self.topic = topic
         self._metrics = metrics
         self._timeout = timeout_seconds
+        self._transaction_seconds = self._config["transaction.timeout.ms"] / 1000
         self._max_inflight = max_inflight_bytes
         self._describe = connection.describe()
         self._clock = clock
@@ -311,17 +348,53 @@ class TransactionalEventLog:
                 self._freed.set()
                 log.warning("ingest: producing to %s on %s (%d transactional producers)", self.topic,
                             self._describe, len(ready))  # fmt: skip
-            if topic_ok and len(ready) == len(self._slots):
+            if self._connected:
+                for slot in self._slots:
+                    if slot.seal_due and slot.ready and not slot.committing and slot is not self._open:
+                        await self._reseal(slot)
+                        if self._closing:
+                            return
+            settled = topic_ok and len(ready) == len(self._slots)
+            if settled and not any(slot.seal_due for slot in self._slots):
                 return
-            log.warning("ingest: a producer to Kafka %s cannot reach %s (%s): %s; retrying in %.1fs",
-                        self._describe, self.topic, problem or "not ready",
-                        "the route answers 503" if not self._connected else "the other producers serve",
-                        backoff)  # fmt: skip
+            if not settled:  # else a reseal waits for its slot's transaction to end, or is tried again
+                log.warning("ingest: a producer to Kafka %s cannot reach %s (%s): %s; retrying in %.1fs",
+                            self._describe, self.topic, problem or "not ready",
+                            "the route answers 503" if not self._connected else "the other producers serve",
+                            backoff)  # fmt: skip
             try:
                 await asyncio.wait_for(self._closed.wait(), backoff)
             except TimeoutError:
                 pass
             backoff = min(backoff * 2, 5.0)
+
+    async def _reseal(self, slot: _Slot) -> None:
+        """Re-produce, in a transaction of its own, one record of each partition that
+        ``slot``'s suspect commit wrote (module docstring), and commit it: its commit
+        marker closes a transaction the broker left without one. The slot takes no
+        requests meanwhile. A reseal that produced and did not commit replaces the
+        producer (and is tried again with the new one)."""
+        producer, generation = slot.producer, slot.generation
+        slot.committing = True
+        try:
+            why, produced = await asyncio.to_thread(_reseal, producer, slot.committed, self._timeout,
+                                                    self._transaction_seconds)  # fmt: skip
+        finally:
+            slot.committing = False
+            slot.idle_since = time.monotonic()
+            self._freed.set()
+        if generation != slot.generation or self._closing:
+            return
+        if why is None:
+            slot.committed, slot.seal_due = {}, False
+            self._metrics.transactions.labels("resealed").inc()
+            log.warning("ingest: resealed the last commit of %s (%d partition(s)) after a broker failure",
+                        slot.transactional_id, produced)  # fmt: skip
+            return
+        log.warning("ingest: resealing the last commit of %s failed (%s)%s", slot.transactional_id, why,
+                    "; replacing its producer" if produced else "; retrying")  # fmt: skip
+        if produced:
+            slot.broken, slot.ready = True, False
 
     def _client_error(self, slot: _Slot, generation: int, error: Any) -> None:
         client_error(self._loop, error, self._lost, slot, generation)
@@ -338,9 +411,24 @@ class TransactionalEventLog:
             if not any(s.ready for s in self._slots):
                 self._disconnected()
             self._probe()
-        elif code == KafkaError._ALL_BROKERS_DOWN and self._connected:
-            self._disconnected()
+        elif code in (KafkaError._ALL_BROKERS_DOWN, KafkaError._TRANSPORT):
+            self._suspect_last_commits()
+            if code == KafkaError._ALL_BROKERS_DOWN and self._connected:
+                self._disconnected()
             self._probe()
+
+    def _suspect_last_commits(self) -> None:
+        """A broker connection was lost, or a commit timed out: the last commits may
+        have been acknowledged without their markers written (module docstring,
+        "Markers a restarted broker drops"). The slot that committed last, and those
+        that committed within a transaction timeout before it, reseal theirs."""
+        committed = [slot for slot in self._slots if slot.committed]
+        if not committed:
+            return
+        latest = max(slot.committed_at for slot in committed)
+        for slot in committed:
+            if slot.committed_at >= latest - self._transaction_seconds:
+                slot.seal_due = True
 
     def _disconnected(self) -> None:
         self._connected = False
@@ -409,10 +497,13 @@ class TransactionalEventLog:
         assert group is not None
         produced = 0
         produce = slot.producer.produce
+        last = group.last
         try:
             for key, value in records:
                 produce(target, value, key, headers=header_list)
                 produced += 1
+                if key is not None:
+                    last[target, key] = value, header_list
         except BufferError:
             refusal = LogUnavailable("the producer is full", cause="full", retry_after=1)
             if not produced:
@@ -457,7 +548,7 @@ class TransactionalEventLog:
             # The slot idle the longest: its last commit's markers are most likely written
             # (a transaction begun before they are waits for the coordinator: about 20 ms).
             for slot in sorted(self._slots, key=lambda s: s.idle_since):
-                if slot.ready and not slot.committing and slot.group is None:
+                if slot.ready and not slot.committing and slot.group is None and not slot.seal_due:
                     try:
                         slot.producer.begin_transaction()  # local: no broker round trip
                     except KafkaException as exc:
@@ -503,11 +594,13 @@ class TransactionalEventLog:
         producer = slot.producer
         error: LogUnavailable | None = group.doomed
         replace = False
+        broker_lost = False  # the commit timed out: the broker may have died after earlier commits
         try:
             if error is None:
                 failure = await asyncio.to_thread(_commit_transaction, producer, self._timeout)
                 if failure is not None:
                     name, fatal, timed_out = failure
+                    broker_lost = timed_out
                     error = self._refusal("timeout" if timed_out else "refused", name, len(group.waiters))
                     replace = True
             if error is not None:
@@ -518,6 +611,9 @@ class TransactionalEventLog:
                             error.cause, "; replacing its producer" if replace else "")  # fmt: skip
             else:
                 self._metrics.transactions.labels("committed").inc()
+                # While a reseal is due, what it must re-produce stays: this commit may not cover its partitions.
+                slot.committed = {**slot.committed, **group.last} if slot.seal_due else group.last
+                slot.committed_at = time.monotonic()
         finally:
             slot.committing = False
             slot.group = None
@@ -531,6 +627,9 @@ class TransactionalEventLog:
                 slot.broken, slot.ready = True, False
                 if not any(s.ready for s in self._slots):
                     self._disconnected()
+                self._probe()
+            if broker_lost:
+                self._suspect_last_commits()
                 self._probe()
             self._freed.set()
             if not self._closing:
@@ -574,6 +673,42 @@ def _commit_transaction(producer: Any, seconds: float) -> tuple[str, bool, bool]
         timed_out = code in (KafkaError._TIMED_OUT, KafkaError._MSG_TIMED_OUT, KafkaError.REQUEST_TIMED_OUT)
         return _reason(exc), bool(getattr(error, "fatal", lambda: False)()), timed_out
     return None
+
+
+def _reseal(producer: Any, records: _LastRecords, seconds: float, budget: float) -> tuple[str | None, int]:
+    """One transaction of one record per partition of ``records`` (the last of its keys
+    there), committed: ``(None, partitions)``, else ``(reason, partitions produced)``.
+    A commit refused with a retriable error is tried again within ``budget`` seconds
+    (never aborted here: an abort marker would abort the records it is resealing)."""
+    from confluent_kafka import KafkaException
+
+    partitions: dict[str, int] = {}
+    chosen: dict[tuple[str, int], tuple[bytes, bytes, list[tuple[str, bytes]] | None]] = {}
+    try:
+        for (topic, key), (value, headers) in records.items():
+            if topic not in partitions:
+                metadata = producer.list_topics(topic, timeout=seconds).topics.get(topic)
+                if metadata is None or metadata.error is not None or not metadata.partitions:
+                    return f"no metadata for {topic}", 0
+                partitions[topic] = len(metadata.partitions)
+            chosen[topic, default_partition(key, partitions[topic])] = key, value, headers
+        producer.begin_transaction()
+    except KafkaException as exc:
+        return _reason(exc), 0
+    try:
+        for (topic, partition), (key, value, headers) in chosen.items():
+            producer.produce(topic, value, key, partition=partition, headers=headers)
+    except (KafkaException, BufferError) as exc:
+        return _reason(exc), len(chosen)
+    deadline = time.monotonic() + budget
+    while True:
+        try:
+            producer.commit_transaction(seconds)
+            return None, len(chosen)
+        except KafkaException as exc:
+            error = exc.args[0]
+            if not getattr(error, "retriable", lambda: False)() or time.monotonic() > deadline:
+                return _reason(exc), len(chosen)
 
 
 def _abort_transaction(producer: Any, seconds: float) -> str | None:
