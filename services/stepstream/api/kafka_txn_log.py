@@ -67,8 +67,8 @@ possible is half a request.
 **Markers a restarted broker drops.** A commit is acknowledged once the coordinator
 has logged it (``PREPARE_COMMIT``); it writes the commit markers into the data
 partitions just after. A broker killed in between sends them again when it restarts,
-but Kafka 4.1 to 4.4 (KAFKA-20734: their metadata cache answers "no leader" for a
-partition whose leader is offline as if it had been deleted) drops the markers of a
+but the broker (seen on Kafka 4.3.1, the pinned one: its metadata cache answers for a
+partition whose leader is offline as for a deleted one) drops the markers of a
 partition that has no leader at that moment, which a single-replica partition has
 while its restarted broker waits to be unfenced, and logs the transaction complete.
 The partition then holds a transaction that nothing ends: its last stable offset stays
