@@ -45,12 +45,10 @@ class Ledger:
         self._open: dict[Hashable, int] = {}  # floor of the open batch
         self._sealed: list[Sealed] = []  # batches being written, oldest first
         # Holds: per partition, run -> (first held offset, time held), in the order
-        # they were taken, so the first entry is the oldest and, unless a redo held an
-        # earlier offset again (``_unordered``), also the lowest.
+        # they were taken, so the first entry is the oldest; not always the lowest (a
+        # redo after a stale refusal holds an earlier offset again, after later holds).
         self._holds: dict[Hashable, dict[RunKey, tuple[int, float]]] = {}
         self._hold_tp: dict[RunKey, Hashable] = {}
-        # Partitions whose holds are not in offset order (a redo held an earlier offset).
-        self._unordered: set[Hashable] = set()
 
     # -- delivery -------------------------------------------------------------
 
@@ -73,20 +71,10 @@ class Ledger:
         return self._next.get(tp)
 
     def hold(self, key: RunKey, tp: Hashable, offset: int, now: float) -> None:
-        """``offset`` is a delta buffered in ``key``'s tail (only the first one counts).
-
-        Usually the offset was just delivered, so it is above every other hold of ``tp``.
-        A redo after a stale refusal holds again offsets delivered earlier (the run's
-        journal, applied again): such a hold is below others taken since, and from then
-        on the partition's lowest hold is searched for instead of read off the first."""
+        """``offset`` is a delta buffered in ``key``'s tail (only the first one counts)."""
         if key not in self._hold_tp:
             self._hold_tp[key] = tp
-            holds = self._holds.get(tp)
-            if holds is None:
-                holds = self._holds[tp] = {}
-            elif holds and tp not in self._unordered and offset < next(reversed(holds.values()))[0]:
-                self._unordered.add(tp)
-            holds[key] = (offset, now)
+            self._holds.setdefault(tp, {})[key] = (offset, now)
 
     def release(self, key: RunKey, into: Sealed | None = None) -> None:
         """``key``'s tail is in the open batch now (or in the batch ``into``, being
@@ -132,14 +120,10 @@ class Ledger:
                 mark = floor
         holds = self._holds.get(tp)
         if holds:
-            if tp in self._unordered:
-                first = min(offset for offset, _ in holds.values())
-            else:
-                first = next(iter(holds.values()))[0]
+            # The lowest hold, not the first taken (see ``_holds``); read at commit cadence.
+            first = min(offset for offset, _ in holds.values())
             if first < mark:
                 mark = first
-        elif tp in self._unordered:
-            self._unordered.discard(tp)  # no holds left: in order again
         return mark
 
     def partitions(self) -> list[Hashable]:
@@ -179,5 +163,4 @@ class Ledger:
             for key in self._holds.pop(tp, {}):
                 self._hold_tp.pop(key, None)
                 runs.add(key)
-            self._unordered.discard(tp)
         return runs
