@@ -33,6 +33,7 @@ from typing import Any
 import msgspec
 
 import stepstream.cli  # noqa: F401  (the import order the CLI has)
+from stepstream import collector
 from stepstream.core.wire import decode_event
 from stepstream.pipeline import Pipeline
 from stepstream.sinks import sqlite_writer
@@ -222,6 +223,7 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--top", type=int, default=0, help="with --profile: also the N functions of most own time")
     args = parser.parse_args(argv)
     print(f"load average {os.getloadavg()[0]:.1f}", file=sys.stderr)
+    collector.tune()  # as the worker's process does
     if not args.profile:
         print(msgspec.json.format(msgspec.json.encode(asyncio.run(run(args.corpus, None)))).decode())
         return

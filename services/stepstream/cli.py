@@ -368,6 +368,9 @@ def main(argv: list[str] | None = None) -> int:
             if not args.events.exists():
                 print(f"stepstream: no such file: {args.events}", file=sys.stderr)
                 return 2
+            from stepstream import collector
+
+            collector.tune()
             report = asyncio.run(
                 ingest_file(
                     args.events,
@@ -386,8 +389,10 @@ def main(argv: list[str] | None = None) -> int:
             )
             return 1 if report.rejected else 0
         if args.command == "api":
+            from stepstream import collector
             from stepstream.api.server import run_api
 
+            collector.tune()
             return run_api(settings)
         if args.command == "token":
             return _run_token(settings, args)

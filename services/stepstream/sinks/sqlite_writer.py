@@ -44,6 +44,7 @@ from typing import IO, Any
 
 import msgspec
 
+from stepstream import collector
 from stepstream.errors import SinkError, SinkUnavailable
 from stepstream.sinks.sqlite_operations import OPERATIONS, open_writer
 
@@ -208,6 +209,7 @@ def serve(path: str, synchronous: str, busy_timeout_ms: int, schema: str) -> int
         reply(("error", exc.retriable, str(exc)))
         return 1
     reply(("ok", durability))
+    collector.tune()
     decoders: dict[str, msgspec.msgpack.Decoder[Any]] = {}
     try:
         while True:
