@@ -46,6 +46,7 @@ SOURCE_SHA256_16 = {
     "faust.transport.drivers.aiokafka.AIOKafkaConsumerThread._create_worker_consumer": "c2701bfc3e6f6cad",
     "aiokafka.consumer.subscription_state.Assignment.state_value": "183fea82ef48f3e6",
     "aiokafka.consumer.subscription_state.TopicPartitionState.position": "816b6b289bd14f5c",
+    "faust.transport.drivers.aiokafka.Producer._ensure_producer": "5592a4bbdf251325",
 }
 # Instance attributes: checked by where faust assigns them.
 ASSIGNED_IN = {

@@ -20,6 +20,11 @@ from stepstream.pipeline import StoreFailed
 FIXTURES = Path(__file__).parent / "otlp_fixtures"
 
 
+class _Refusing:
+    async def produce(self, runs):
+        raise RuntimeError("the producer is closed")
+
+
 def _record(value: bytes, headers=(), offset: int = 0):
     return SimpleNamespace(topic="otlp", partition=0, offset=offset, key=None, value=value, headers=list(headers))
 
@@ -31,12 +36,16 @@ class _Recorder:
         self.counts: dict[str, int] = {}
         self.acknowledge = acknowledge
 
-    async def produce(self, key: bytes, value: bytes):
-        self.produced.append((key, value))
-        future = asyncio.get_running_loop().create_future()
-        if self.acknowledge:
-            future.set_result(None)
-        return future
+    async def produce(self, runs: list[tuple[bytes, list[bytes]]]):
+        futures = []
+        for key, values in runs:
+            for value in values:
+                self.produced.append((key, value))
+                future = asyncio.get_running_loop().create_future()
+                if self.acknowledge:
+                    future.set_result(None)
+                futures.append(future)
+        return futures
 
     async def dead_letter(self, record, reason: str, detail: str) -> None:
         self.letters.append((record.offset, reason, detail))
@@ -87,6 +96,14 @@ async def test_an_unacknowledged_produce_stops_the_worker():
     with pytest.raises(BridgeFailed) as info:
         await recorder.bridge(budget=0.2).handle([_record((FIXTURES / "openinference.pb").read_bytes())])
     assert isinstance(info.value, StoreFailed)  # the worker's exit-70 path
+
+
+async def test_a_refused_produce_stops_the_worker():
+    recorder = _Recorder()
+    bridge = recorder.bridge()
+    bridge._produce = _Refusing().produce
+    with pytest.raises(BridgeFailed, match="not sent"):
+        await bridge.handle([_record((FIXTURES / "genai.pb").read_bytes())])
 
 
 def test_settings_from_the_environment():

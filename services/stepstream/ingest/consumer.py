@@ -67,6 +67,8 @@ FAUST_INTERNALS: tuple[tuple[str, str], ...] = (
     ("aiokafka.consumer.consumer.AIOKafkaConsumer._subscription", "read: each partition's position after a fetch"),
     ("aiokafka.consumer.subscription_state.Assignment.state_value", "called: a partition's state"),
     ("aiokafka.consumer.subscription_state.TopicPartitionState.position", "read: the next offset to consume"),
+    ("faust.transport.drivers.aiokafka.Producer._ensure_producer", "called (ingest.otlp_bridge.RawBatches): the "
+     "aiokafka producer under faust's, whose batch API the OTLP stage produces through"),
 )
 
 Records = dict[Any, list[Any]]

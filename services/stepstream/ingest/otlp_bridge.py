@@ -9,7 +9,8 @@ When ``STEPSTREAM_OTLP_TOPIC`` is set, the worker subscribes to it beside the ra
    ``stepstream-company`` header, the trusted resource attribute, the topic default) and
    map it to wire events (:mod:`stepstream.otlp.mapping`), numbered per run within the
    message;
-3. produce the events to the raw topic keyed ``{company_id}/{run_id}``; the fold
+3. produce the events to the raw topic keyed ``{company_id}/{run_id}``, in one record
+   batch per partition (:class:`RawBatches`); the fold
    consumes them there like any other event (unchanged but for one rule: their ids
    start with ``otlp:``, so it numbers them on arrival and skips a redelivery by id,
    ``core.fold.RunFold.push``).
@@ -25,9 +26,9 @@ dead-letter copies, confirmed before the batch it rides on is written, as every 
 letter is); then it rides on the worker's open batch like a dead-lettered record. A crash
 before that re-reads the record and produces its events again: duplicates on the raw
 topic, which the fold skips by id, never a loss. The raw topic is the log of record: a
-replay of it gives identical rows. A produce that is not acknowledged within
-``store_retry_seconds`` raises :class:`BridgeFailed` (a ``StoreFailed``): the worker
-exits non-zero and Kafka rewinds.
+replay of it gives identical rows. A record's events that the producer does not take
+within ``store_retry_seconds``, or that the broker does not acknowledge within it, raise
+:class:`BridgeFailed` (a ``StoreFailed``): the worker exits non-zero and Kafka rewinds.
 """
 
 from __future__ import annotations
@@ -39,23 +40,61 @@ from typing import Any
 
 from stepstream.core.wire import partition_key
 from stepstream.errors import WireError
+from stepstream.ingest.routing import default_partition
 from stepstream.otlp.decode import decode_request
 from stepstream.otlp.identity import IdentityPolicy, header_company
 from stepstream.otlp.trace import encoded_runs, map_spans
 from stepstream.pipeline import StoreFailed
 
-__all__ = ["BridgeFailed", "OtlpBridge"]
+__all__ = ["BridgeFailed", "OtlpBridge", "RawBatches"]
 
-Produce = Callable[[bytes, bytes], Awaitable[Awaitable[Any]]]
+#: ``produce([(key, [value, ...]), ...])``: hands one record's events, each run's in order,
+#: to the producer and returns their acknowledgements.
+Produce = Callable[[list[tuple[bytes, list[bytes]]]], Awaitable[list[Awaitable[Any]]]]
 
 
 class BridgeFailed(StoreFailed):
     """Events made from a span were not acknowledged by the broker: stop, let Kafka rewind."""
 
 
+class RawBatches:
+    """The bridge's :data:`Produce` on aiokafka's batch API: a record's events go in one
+    record batch per partition of the raw topic (more when one fills), each key on the
+    partition Kafka's default partitioner gives it (:func:`~stepstream.ingest.routing.default_partition`,
+    what the route check expects), instead of one ``send`` per event (a future, an
+    accumulator entry and a hash each). A run's events stay in order: they are appended in
+    order, and the batches of a partition are queued in order. ``producer()`` returns the
+    started ``AIOKafkaProducer``."""
+
+    def __init__(self, producer: Callable[[], Any], topic: str) -> None:
+        self._producer = producer
+        self.topic = topic
+
+    async def __call__(self, runs: list[tuple[bytes, list[bytes]]]) -> list[Awaitable[Any]]:
+        producer, topic = self._producer(), self.topic
+        count = len(await producer.partitions_for(topic))
+        batches: dict[int, Any] = {}
+        acknowledgements: list[Awaitable[Any]] = []
+        for key, values in runs:
+            partition = default_partition(key, count)
+            batch = batches.get(partition)
+            for value in values:
+                if batch is None or batch.append(key=key, value=value, timestamp=None) is None:
+                    if batch is not None:  # full: it goes, and this event opens the next one
+                        acknowledgements.append(await producer.send_batch(batch, topic, partition=partition))
+                    batch = batches[partition] = producer.create_batch()
+                    if batch.append(key=key, value=value, timestamp=None) is None:
+                        # An empty batch takes any first record; only a closed producer refuses.
+                        raise BridgeFailed(f"the producer refused an event of {len(value)} bytes")
+        for partition, batch in batches.items():
+            batch.close()  # nothing else joins it (an open batch takes later send() calls)
+            acknowledgements.append(await producer.send_batch(batch, topic, partition=partition))
+        return acknowledgements
+
+
 class OtlpBridge:
-    """The OTLP stage (module docstring). ``produce(key, value)`` hands one record for the
-    raw topic to the producer and returns its acknowledgement; ``dead_letter(record,
+    """The OTLP stage (module docstring). ``produce`` (:data:`Produce`) hands a record's
+    events for the raw topic to the producer and returns their acknowledgements; ``dead_letter(record,
     reason, detail)`` and ``settle(count)`` are the worker's; ``counted(kind, n)`` feeds
     the metrics (``spans``, ``events``, ``rejected:<reason>``)."""
 
@@ -115,25 +154,14 @@ class OtlpBridge:
         return acknowledgements
 
     async def _send(self, runs: dict[tuple[str, str], list[bytes]], acknowledgements: list[Awaitable[Any]]) -> None:
-        # One deadline for a record's events, not one per event (a timeout entered and
-        # left costs more than the producer's own work for a small event), nor
-        # asyncio.wait_for (a task for every one): the producer takes most events without
-        # suspending. The deadline is moved on at most every 1/64 of the budget, so an
-        # event the producer does not take fails after 63/64 of the budget at the least.
-        loop = asyncio.get_running_loop()
-        budget, produce = self._budget, self._produce
-        step = budget / 64
+        # One deadline for the record's events: the producer takes most of them without
+        # suspending, and waits only for room in its queue (one batch per partition queued).
+        if not runs:
+            return
+        pairs = [(partition_key(company, run), events) for (company, run), events in runs.items()]
         try:
-            async with asyncio.timeout(budget) as deadline:
-                moved = loop.time()
-                for (company, run), events in runs.items():
-                    key = partition_key(company, run)
-                    for value in events:
-                        now = loop.time()
-                        if now - moved >= step:
-                            deadline.reschedule(now + budget)
-                            moved = now
-                        acknowledgements.append(await produce(key, value))
+            async with asyncio.timeout(self._budget):
+                acknowledgements.extend(await self._produce(pairs))
         except Exception as exc:  # noqa: BLE001 - every send failure stops the worker, by policy
             raise BridgeFailed(f"an event made from a span was not sent: {exc!r}") from exc
 
@@ -153,21 +181,17 @@ class OtlpBridge:
 
 
 def bridge_for(settings: Any, app: Any, dead_letters: Any, metrics: Any) -> OtlpBridge:
-    """The worker's bridge: produces through the app's producer, dead-letters through the
+    """The worker's bridge: produces through the aiokafka producer of the app's (faust's
+    ``_ensure_producer``, in ``ingest.consumer.FAUST_INTERNALS``), dead-letters through the
     worker's :class:`~stepstream.ingest.dead_letters.DeadLetters`."""
     policy = IdentityPolicy(
         trust_resource_company=settings.otlp_trust_resource_company,
         default_company=settings.otlp_company or None,
     )
-    raw = settings.topic
-
-    def produce(key: bytes, value: bytes) -> Awaitable[Awaitable[Any]]:
-        return app.producer.send(raw, key, value, None, None, None)
-
     return OtlpBridge(
         settings.otlp_topic,
         policy,
-        produce,
+        RawBatches(app.producer._ensure_producer, settings.topic),
         dead_letters.send,
         budget_seconds=settings.store_retry_seconds,
         max_message_bytes=settings.otlp_max_message_bytes,
