@@ -128,10 +128,14 @@ class OtlpBridge:
         """Decode, map and hand to the producer the events of ``records`` (one
         partition's, in order); returns their acknowledgements, for :meth:`acknowledged`
         (the worker sends every partition of a fetch before it waits, so the producer
-        fills whole batches instead of one round trip per partition). Raises
-        :class:`BridgeFailed` when the producer does not take an event within the budget
-        (at least 63/64 of it: :meth:`_send`)."""
+        fills whole batches instead of one round trip per partition). The events of all
+        of ``records`` go to the producer at once, after the last is mapped: a batch
+        handed over waits for the one before it on its partition to leave, so one handover
+        per record would cost a round trip per record (a Collector may send one trace, or
+        one span, per message). Raises :class:`BridgeFailed` when the producer does not
+        take them within the budget (:meth:`_send`)."""
         acknowledgements: list[Awaitable[Any]] = []
+        pairs: list[tuple[bytes, list[bytes]]] = []
         for record in records:
             value = record.value if record.value is not None else b""
             if len(value) > self._max_bytes:
@@ -149,16 +153,16 @@ class OtlpBridge:
                 await self._dead_letter(record, reason, f"{count} span(s) or event(s) of the request: {reason}")
             self._counted("spans", len(decoded.spans))
             runs = encoded_runs(mapped)
-            await self._send(runs, acknowledgements)
+            pairs.extend((partition_key(company, run), events) for (company, run), events in runs.items())
             self._counted("events", sum(map(len, runs.values())))
+        await self._send(pairs, acknowledgements)
         return acknowledgements
 
-    async def _send(self, runs: dict[tuple[str, str], list[bytes]], acknowledgements: list[Awaitable[Any]]) -> None:
-        # One deadline for the record's events: the producer takes most of them without
+    async def _send(self, pairs: list[tuple[bytes, list[bytes]]], acknowledgements: list[Awaitable[Any]]) -> None:
+        # One deadline for the records' events: the producer takes most of them without
         # suspending, and waits only for room in its queue (one batch per partition queued).
-        if not runs:
+        if not pairs:
             return
-        pairs = [(partition_key(company, run), events) for (company, run), events in runs.items()]
         try:
             async with asyncio.timeout(self._budget):
                 acknowledgements.extend(await self._produce(pairs))
