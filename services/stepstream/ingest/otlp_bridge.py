@@ -48,8 +48,8 @@ from stepstream.pipeline import StoreFailed
 
 __all__ = ["BridgeFailed", "OtlpBridge", "RawBatches"]
 
-#: ``produce([(key, [value, ...]), ...])``: hands one record's events, each run's in order,
-#: to the producer and returns their acknowledgements.
+#: ``produce([(key, [value, ...]), ...])``: hands the events of a partition's records (one
+#: fetch's), each run's in order, to the producer and returns their acknowledgements.
 Produce = Callable[[list[tuple[bytes, list[bytes]]]], Awaitable[list[Awaitable[Any]]]]
 
 
@@ -58,7 +58,7 @@ class BridgeFailed(StoreFailed):
 
 
 class RawBatches:
-    """The bridge's :data:`Produce` on aiokafka's batch API: a record's events go in one
+    """The bridge's :data:`Produce` on aiokafka's batch API: the events of one call go in one
     record batch per partition of the raw topic (more when one fills), each key on the
     partition Kafka's default partitioner gives it (:func:`~stepstream.ingest.routing.default_partition`,
     what the route check expects), instead of one ``send`` per event (a future, an
