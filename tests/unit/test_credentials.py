@@ -143,6 +143,44 @@ def test_masking_is_idempotent_and_the_prefilter_never_hides_a_match(text):
         assert might_hold_secret(text)
 
 
+@settings(max_examples=300, deadline=None, print_blob=True)
+@given(st.lists(_alphabet, max_size=40).map("".join), st.integers(0, 80))
+def test_the_direct_re2_calls_agree_with_the_wrappers(text, pos):
+    """credentials binds the pinned google-re2's C++ ``Set.Match`` and ``RE2.Match``
+    past its Python wrappers: they must say what the wrappers say."""
+    data = text.encode("utf-8", "surrogatepass")
+    for (rule_set, _), (match, _) in zip(credentials._SETS, credentials._SET_MATCHES):
+        assert sorted(match(data)) == sorted(rule_set.Match(data) or [])
+    pos = min(pos, len(data))
+    for rule in credentials._COMPILED:
+        spans = rule.match(credentials._UNANCHORED, data, pos, len(data))
+        found = rule.regex.search(data, pos)
+        if found is None:
+            assert spans[0] == (-1, -1)
+        else:
+            assert spans == [found.span(g) for g in range(rule.regex.groups + 1)]
+
+
+@settings(max_examples=300, deadline=None, print_blob=True)
+@given(st.lists(_alphabet, max_size=40).map("".join))
+def test_the_sets_report_exactly_the_rules_that_match_alone(text):
+    """The rules are split over several RE2 sets (SET_GROUPS): together they say, for
+    every rule, whether it matches somewhere, as the rule compiled alone does."""
+    data = text.encode("utf-8", "surrogatepass")
+    alone = [i for i, rule in enumerate(credentials._COMPILED) if rule.regex.search(data) is not None]
+    assert credentials.rules_matching(data) == alone
+    long = data + b" " * credentials.LONG_TEXT  # the one set of every rule
+    assert credentials.rules_matching(long) == [i for i, r in enumerate(credentials._COMPILED) if r.regex.search(long)]
+
+
+def test_every_rule_is_in_exactly_one_set():
+    *short, (_, every) = credentials._SETS
+    assert sorted(i for _, members in short for i in members) == list(range(len(RULES)))
+    assert every == tuple(range(len(RULES)))
+    named = {name for group in credentials.SET_GROUPS for name in group}
+    assert named <= {rule.name for rule in RULES}  # a renamed rule would silently rejoin the shared set
+
+
 def test_the_set_pass_skips_ordinary_text():
     assert not might_hold_secret("the invoice total looks doubled because retry charged twice")
     assert might_hold_secret("x ghp_" + "a" * 36)

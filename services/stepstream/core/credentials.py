@@ -5,12 +5,13 @@ keeps the rest of the sentence (``postgres://admin:[redacted]@db:5432/prod``), a
 says which rules (:data:`RULES`) found them; ``core.redact`` applies it to every
 string and key an operator sees.
 
-**Linear time, one pass.** The rules are RE2 programs (``google-re2``), which run in
-time linear in the text whatever it holds. All of them together form an RE2 *set*:
-one DFA pass over the text says which rules match anywhere (about 0.7 us for a short
-string, about one plain scan for 1 MiB), so ordinary text and near-matches cost that
-pass and nothing else. Only a rule the set reports is then run on its own (a small
-program) to find its matches. Python's backtracking ``re`` was measured against it
+**Linear time, one pass or three.** The rules are RE2 programs (``google-re2``), which
+run in time linear in the text whatever it holds. They form RE2 *sets*: one DFA pass
+over the text per set says which rules match anywhere, three sets for a short string
+(:data:`SET_GROUPS`, about 1 us in all), one set of every rule for a long one (about
+one plain scan for 1 MiB), so ordinary text and near-matches cost those passes and
+nothing else. Only a rule a set
+reports is then run on its own (a small program) to find its matches. Python's backtracking ``re`` was measured against it
 (``docs/redaction.md``, ``python -m benchmarks.bench_redact``): it either tries every
 rule at every position or scans once per rule, hundreds of times slower on 1 MiB of
 near-matches. RE2 has no look-around: boundaries are ``\\b`` or a consumed
@@ -32,7 +33,7 @@ nothing but credentials costs at most that many, fail-closed.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import re2
 
@@ -176,6 +177,7 @@ RULES: tuple[Rule, ...] = (
 class _Compiled(NamedTuple):
     name: str
     regex: re2._Regexp
+    match: Callable[[Any, bytes, int, int], list[tuple[int, int]]]  # the RE2 object's own Match
     secret_groups: tuple[int, ...]
     name_group: int | None
     verify: Callable[[str, str], bool] | None
@@ -187,49 +189,104 @@ def _options() -> re2.Options:
     return options
 
 
-def _compile() -> tuple[re2.Set, list[_Compiled]]:
-    rule_set = re2.Set.SearchSet(_options())
+# How the rules are split over RE2 sets for a short string (by name; every other rule
+# shares the last set). A set of all the rules is one DFA pass, but its DFA is the
+# product of the rules' automata, and text new to it (a random token, an id) makes
+# RE2 build states as it reads: on the bench corpora's tool arguments and prompts,
+# 5.7-9.6 us per string for the one set against 2.4-2.9 us for three passes over
+# these three, the name_value rules and url_password being what multiplies the
+# states. A long string (:data:`LONG_TEXT` bytes or more) takes the one set: over a
+# long text the states it builds are reused, and one pass is a third of three.
+# Which rules a set reports is a property of each rule alone: either way gives the
+# same rules.
+SET_GROUPS: tuple[tuple[str, ...], ...] = (("name_value",), ("url_password",))
+LONG_TEXT = 4096
+
+
+def _compile() -> tuple[list[tuple[re2.Set, tuple[int, ...]]], list[_Compiled]]:
+    """The RE2 sets (each with the index in :data:`RULES` of its n-th pattern): one
+    per group of :data:`SET_GROUPS`, the rest, then all the rules; and each rule
+    compiled on its own."""
     compiled = []
-    for rule in RULES:
+    members: list[list[int]] = [[] for _ in range(len(SET_GROUPS) + 1)]
+    members.append(list(range(len(RULES))))
+    for i, rule in enumerate(RULES):
         pattern = rule.pattern.encode()
-        if rule_set.Add(pattern) != len(compiled):
-            raise AssertionError(f"rule {rule.name} did not get its index in the set")
         regex = re2.compile(pattern, _options())
         index = {k.decode(): v for k, v in regex.groupindex.items()}  # Match.start() takes numbers only
         groups = tuple(index[g] for g in ("s", "s2", "s3") if g in index)
-        compiled.append(_Compiled(rule.name, regex, groups, index.get("name"), rule.verify))
-    rule_set.Compile()
-    return rule_set, compiled
+        compiled.append(_Compiled(rule.name, regex, regex._regexp.Match, groups, index.get("name"), rule.verify))
+        members[next((k for k, names in enumerate(SET_GROUPS) if rule.name in names), len(SET_GROUPS))].append(i)
+    sets = []
+    for indices in members:
+        rule_set = re2.Set.SearchSet(_options())
+        for n, i in enumerate(indices):
+            if rule_set.Add(RULES[i].pattern.encode()) != n:
+                raise AssertionError(f"rule {RULES[i].name} did not get its index in its set")
+        rule_set.Compile()
+        sets.append((rule_set, tuple(indices)))
+    return sets, compiled
 
 
-_SET, _COMPILED = _compile()
+_SETS, _COMPILED = _compile()
+# The C++ objects' own methods, past the Python wrappers of ``re2/__init__.py`` (which
+# build a generator and a match object per search, about half of a short string's
+# cost): ``Set.Match(bytes)`` gives the indices of the set's patterns that match (an
+# empty list for none), ``RE2.Match(anchor, bytes, pos, endpos)`` the (start, end)
+# byte span of the match and of each group, ``(-1, -1)`` for none. Both are private
+# names of the pinned google-re2; ``tests/unit/test_credentials.py`` checks them
+# against the wrappers.
+_SET_MATCHES = tuple((rule_set._set.Match, indices) for rule_set, indices in _SETS)
+_SHORT_MATCHES, _ALL_MATCH = _SET_MATCHES[:-1], _SET_MATCHES[-1][0]
+_UNANCHORED = re2._Anchor.UNANCHORED
+_NO_SPAN = (-1, -1)
+
+
+def rules_matching(data: bytes) -> list[int]:
+    """The indices in :data:`RULES` of the rules that match somewhere in UTF-8 ``data``,
+    in order (a pass per set of :data:`SET_GROUPS` and the rest, or one pass for a
+    long string)."""
+    if len(data) >= LONG_TEXT:
+        return sorted(_ALL_MATCH(data))
+    hits: list[int] = []
+    for match, indices in _SHORT_MATCHES:
+        found = match(data)
+        if found:
+            hits.extend(indices[n] for n in found)
+    if len(hits) > 1:
+        hits.sort()
+    return hits
 
 
 def might_hold_secret(text: str) -> bool:
-    """Whether any rule matches somewhere in ``text`` (one RE2 pass)."""
-    return len(text) >= MIN_CHARS and _SET.Match(text.encode("utf-8", "surrogatepass")) is not None
+    """Whether any rule matches somewhere in ``text`` (a pass per RE2 set)."""
+    if len(text) < MIN_CHARS:
+        return False
+    return bool(rules_matching(text.encode("utf-8", "surrogatepass")))
 
 
 def _rule_spans(rule: _Compiled, data: bytes, spans: list[Span]) -> None:
-    search = rule.regex.search
+    match = rule.match
     end = len(data)
     pos = 0
     for _ in range(MAX_MATCHES):
-        match = search(data, pos)
-        if match is None:
+        groups = match(_UNANCHORED, data, pos, end)
+        whole = groups[0]
+        if whole == _NO_SPAN:
             return
-        found = [(match.start(g), match.end(g)) for g in rule.secret_groups if match.start(g) >= 0]
+        found = [groups[g] for g in rule.secret_groups if groups[g][0] >= 0]
         if rule.verify is not None:
-            name = "" if rule.name_group is None else match.group(rule.name_group).decode("utf-8", "replace")
+            name_span = None if rule.name_group is None else groups[rule.name_group]
+            name = "" if name_span is None else data[name_span[0] : name_span[1]].decode("utf-8", "replace")
             start, stop = found[0]
             if not rule.verify(name, data[start:stop].decode("utf-8", "replace")):
                 # Not a secret: go on after the name, its value may start the next one.
-                pos = max(match.end(rule.name_group) if rule.name_group is not None else start, match.start() + 1)
+                pos = max(start if name_span is None else name_span[1], whole[0] + 1)
                 continue
         spans.extend(Span(start, stop, rule.name) for start, stop in found if start < stop)
         # From the last character of this match: it may be the boundary the next
         # one needs ("token=a=b": the "=" ends one value and starts the next name).
-        pos = max(match.end() - 1, match.start() + 1)
+        pos = max(whole[1] - 1, whole[0] + 1)
         if pos >= end:
             return
     # Past the budget: the rest is masked whole, from a character boundary on.
@@ -244,11 +301,11 @@ def find_secrets(data: bytes) -> tuple[list[Span], tuple[str, ...]]:
     """The byte spans of UTF-8 ``data`` to mask, sorted, overlapping ones merged (a
     merged span keeps the rule of its first part), and the names of every rule that
     masked something. Spans start and end on character boundaries."""
-    hits = _SET.Match(data)
-    if hits is None:
+    hits = rules_matching(data)
+    if not hits:
         return [], ()
     found: list[Span] = []
-    for index in sorted(hits):
+    for index in hits:
         _rule_spans(_COMPILED[index], data, found)
     rules = tuple(sorted({span.rule for span in found}))
     found.sort()
