@@ -8,7 +8,7 @@ string and key an operator sees.
 **Linear time, one pass or three.** The rules are RE2 programs (``google-re2``), which
 run in time linear in the text whatever it holds. They form RE2 *sets*: one DFA pass
 over the text per set says which rules match anywhere, three sets for a short string
-(:data:`SET_GROUPS`, about 1 us in all), one set of every rule for a long one (about
+(:data:`SET_GROUPS`, 2-3 us in all for text new to them), one set of every rule for a long one (about
 one plain scan for 1 MiB), so ordinary text and near-matches cost those passes and
 nothing else. Only a rule a set
 reports is then run on its own (a small program) to find its matches. Python's backtracking ``re`` was measured against it
