@@ -8,13 +8,13 @@ string and key an operator sees.
 **Linear time, one pass or three.** The rules are RE2 programs (``google-re2``), which
 run in time linear in the text whatever it holds. They form RE2 *sets*: one DFA pass
 over the text per set says which rules match anywhere, three sets for a short string
-(:data:`SET_GROUPS`, 2-3 us in all for text new to them), one set of every rule for a long one (about
-one plain scan for 1 MiB), so ordinary text and near-matches cost those passes and
-nothing else. Only a rule a set
-reports is then run on its own (a small program) to find its matches. Python's backtracking ``re`` was measured against it
-(``docs/redaction.md``, ``python -m benchmarks.bench_redact``): it either tries every
-rule at every position or scans once per rule, hundreds of times slower on 1 MiB of
-near-matches. RE2 has no look-around: boundaries are ``\\b`` or a consumed
+(:data:`SET_GROUPS`, 2-3 us in all for text new to them), one set of every rule for a
+long one (about one plain scan for 1 MiB), so ordinary text and near-matches cost
+those passes and nothing else. Only a rule a set reports is then run on its own (a
+small program) to find its matches. Python's backtracking ``re`` was measured against
+it (``docs/redaction.md``, ``python -m benchmarks.bench_redact``): it either tries
+every rule at every position or scans once per rule, hundreds of times slower on 1 MiB
+of near-matches. RE2 has no look-around: boundaries are ``\\b`` or a consumed
 character outside the masked group; every pattern also compiles under Python ``re``.
 
 **Union.** Each reported rule masks all its matches; overlapping spans merge. So a
