@@ -26,6 +26,13 @@ from stepstream.kafka.topics import ensure_topics
 from stepstream.sinks import open_deep_store, open_step_store
 
 
+#: The session timeout of workers a test SIGKILLs and replaces. A killed member keeps its
+#: partitions until its session expires, and the next member's join waits for that: with
+#: the product's default (60 s) a test of a dozen kills spent most of two minutes waiting
+#: out dead sessions. 6 s still leaves three 2-s heartbeats on a loaded machine.
+KILLED_SESSION = {"STEPSTREAM_SESSION_TIMEOUT_SECONDS": "6"}
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -71,7 +78,8 @@ class WorkerProcess:
             with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/ready", timeout=5) as resp:
                 return json.loads(resp.read())
         except urllib.error.HTTPError as err:
-            return json.loads(err.read())
+            with err:
+                return json.loads(err.read())
 
     def metric_sum(self, name: str) -> float:
         """Sum of every sample called ``name`` (all label sets); -1 if the port is down."""
@@ -146,6 +154,17 @@ class WorkerProcess:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
 
+    async def wait_assigned(self, timeout: float = 60.0) -> None:
+        """Until ``/ready`` answers 200: the group has settled and given this worker its
+        partitions (a kill after it lands on a worker at work, not on one still joining)."""
+        deadline = time.monotonic() + timeout
+        while (status := await asyncio.to_thread(self.ready_status))[0] != 200:
+            if not self.alive():
+                raise AssertionError(f"worker exited with {self.proc.returncode}; log:\n{self.tail()}")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"worker never ready within {timeout}s: {status}; log:\n{self.tail()}")
+            await asyncio.sleep(0.2)
+
     def ready_status(self) -> tuple[int, dict]:
         """``(HTTP status, body)`` of ``/ready``; ``(0, {})`` when the port does not answer."""
         import json
@@ -154,7 +173,8 @@ class WorkerProcess:
             with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/ready", timeout=5) as resp:
                 return resp.status, json.loads(resp.read())
         except urllib.error.HTTPError as err:
-            return err.code, json.loads(err.read())
+            with err:  # a 503's response holds the socket until it is closed
+                return err.code, json.loads(err.read())
         except OSError:
             return 0, {}
 

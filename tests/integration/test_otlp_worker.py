@@ -21,7 +21,7 @@ from aiokafka import AIOKafkaProducer
 from google.protobuf.json_format import MessageToDict
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from harness import Scenario, dump, first_difference, golden_dump, read_topic, wait_caught_up
+from harness import KILLED_SESSION, Scenario, dump, first_difference, golden_dump, read_topic, wait_caught_up
 from stepstream.otlp.decode import decode_request
 from stepstream.otlp.identity import IdentityPolicy, header_company
 from stepstream.otlp.trace import map_spans, runs_of
@@ -177,8 +177,10 @@ async def scenario(kafka_bootstrap, tmp_path, kafka_topic_factory):
     s.stop_all()
 
 
-def _worker(scenario, name: str):
-    return scenario.start_worker(name=name, STEPSTREAM_OTLP_TOPIC=scenario.otlp_topic, STEPSTREAM_OTLP_COMPANY="acme")
+def _worker(scenario, name: str, **env: str):
+    return scenario.start_worker(
+        name=name, STEPSTREAM_OTLP_TOPIC=scenario.otlp_topic, STEPSTREAM_OTLP_COMPANY="acme", **env
+    )
 
 
 async def _caught_up(scenario, worker, timeout: float = 180.0) -> None:
@@ -210,14 +212,14 @@ async def test_sigkill_mid_trace_converges(scenario, messages, golden):
     rng = random.Random(7)
     chunk = len(messages) // 6 + 1
     kills = 0
-    worker = _worker(scenario, "k0")
+    worker = _worker(scenario, "k0", **KILLED_SESSION)
     for i in range(0, len(messages), chunk):
         await _produce(scenario.broker, scenario.otlp_topic, messages[i : i + chunk])
         await asyncio.to_thread(worker.wait_web)  # up: the kill lands while it bridges and folds
         await asyncio.sleep(rng.uniform(0.2, 2.0))
         worker.kill()
         kills += 1
-        worker = _worker(scenario, f"k{kills}")
+        worker = _worker(scenario, f"k{kills}", **KILLED_SESSION)
     await _caught_up(scenario, worker, timeout=240)
     worker.stop()
     assert kills >= 5

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from stepfork.recorder import record
 
-from harness import dump, first_difference, golden_dump, read_topic, wait_caught_up
+from harness import KILLED_SESSION, dump, first_difference, golden_dump, read_topic, wait_caught_up
 from secure_kafka import SecureKafka, SecureScenario
 from stepstream.cli import main
 from stepstream.core import wire
@@ -136,17 +136,22 @@ async def test_sigkill_mid_stream_over_sasl_ssl_converges(scenario_of, tmp_path)
     companies = sorted({e.company_id for e in events})
     rng = random.Random(20)
     chunk = len(events) // 4 + 1
-    worker = s.start_worker(name="k0")
+    worker = s.start_worker(name="k0", **KILLED_SESSION)
     kills = 0
-    for i in range(0, len(events), chunk):
+    at_work = 0  # kills of a worker that had folded events (every other one waits for its partitions)
+    for n, i in enumerate(range(0, len(events), chunk)):
         await s.produce(events[i : i + chunk])
+        if n % 2 == 0:
+            await worker.wait_assigned()
         await asyncio.sleep(rng.uniform(1.0, 3.0))
+        at_work += worker.metric_sum("stepstream_events_total") > 0
         worker.kill()
         kills += 1
-        worker = s.start_worker(name=f"k{kills}")
+        worker = s.start_worker(name=f"k{kills}", **KILLED_SESSION)
     await wait_caught_up(s.broker, s.group, s.topic, [worker], timeout=240)
     assert worker.stop(timeout=30) == 0, worker.tail()
     assert kills >= 4
+    assert at_work >= 1, f"none of {kills} kills hit a worker that had folded events"
     got = await dump(s.steps_url, s.deep_url, companies)
     golden = await golden_dump(events, tmp_path / "golden", companies)
     assert got == golden, first_difference(golden, got)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from aiokafka import AIOKafkaConsumer
 
-from harness import Scenario, dump, first_difference, wait_caught_up
+from harness import KILLED_SESSION, Scenario, dump, first_difference, wait_caught_up
 from stepstream.core.wire import encode_event
 from stepstream.emitter.corpus import generate_events
 from stepstream.emitter.producer import Emitter
@@ -80,23 +80,30 @@ async def test_sigkill_at_random_instants_converges(scenario, corpus, golden):
     events, companies = corpus
     await scenario.create_topics()
     rng = random.Random(5)
-    # Produce in slices while killing, so kills land mid-batch, mid-thinking and mid-rebalance.
+    # Produce in slices while killing, so kills land mid-batch, mid-thinking and mid-rebalance:
+    # every other worker is killed once it has its partitions (at work), the others
+    # blindly (often while still starting or joining).
     chunk = len(events) // 12 + 1
     kills = 0
-    worker = scenario.start_worker(name="k0")
-    for i in range(0, len(events), chunk):
+    at_work = 0  # kills of a worker that had folded events
+    worker = scenario.start_worker(name="k0", **KILLED_SESSION)
+    for n, i in enumerate(range(0, len(events), chunk)):
         await scenario.produce(events[i : i + chunk])
+        if n % 2 == 0:
+            await worker.wait_assigned()
         await asyncio.sleep(rng.uniform(0.3, 2.5))
+        at_work += worker.metric_sum("stepstream_events_total") > 0
         worker.kill()
         kills += 1
-        worker = scenario.start_worker(name=f"k{kills}")
+        worker = scenario.start_worker(name=f"k{kills}", **KILLED_SESSION)
     await asyncio.sleep(rng.uniform(0.5, 2.0))
     worker.kill()
     kills += 1
-    worker = scenario.start_worker(name="final")
+    worker = scenario.start_worker(name="final", **KILLED_SESSION)
     await wait_caught_up(scenario.broker, scenario.group, scenario.topic, [worker], timeout=240)
     worker.stop()
     assert kills >= 10
+    assert at_work >= 4, f"only {at_work} of {kills} kills hit a worker that had folded events"
     got = await dump(scenario.steps_url, scenario.deep_url, companies)
     assert got == golden, first_difference(golden, got)
 

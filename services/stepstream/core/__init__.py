@@ -14,14 +14,37 @@ event loop or a driver (``tests/unit/test_core_purity.py`` holds it to that).
   ``keyrule`` and ``credentials`` are redaction's two lines (``docs/redaction.md``).
 """
 
-from stepstream.core.caps import CLIP_MARKER, clip, clip_deep
-from stepstream.core.fold import Output, RunFold
-from stepstream.core.limits import Limits
-from stepstream.core.records import DeepRecord, RunRecord, RunState, StepRecord
-from stepstream.core.redact import REDACTED, is_sensitive_key, mask_credentials, redact, scrub
-from stepstream.core.shapes import shape
-from stepstream.core.timefmt import format_ts, parse_ts
-from stepstream.core.wire import Event, decode_event, encode_event
+from typing import TYPE_CHECKING
+
+from stepstream.lazy import exports
+
+if TYPE_CHECKING:
+    from stepstream.core.caps import CLIP_MARKER, clip, clip_deep
+    from stepstream.core.fold import Output, RunFold
+    from stepstream.core.limits import Limits
+    from stepstream.core.records import DeepRecord, RunRecord, RunState, StepRecord
+    from stepstream.core.redact import REDACTED, is_sensitive_key, mask_credentials, scrub
+    from stepstream.core.shapes import shape
+    from stepstream.core.timefmt import format_ts, parse_ts
+    from stepstream.core.wire import Event, decode_event, encode_event
+
+# Each name's module is imported when the name is first read (stepstream.lazy): a process
+# that needs one module (a SQLite writer needs the records and caps) does not import the
+# fold, the redactor and the decoder too. (The redactor is ``stepstream.core.redact.redact``:
+# ``stepstream.core.redact`` is its module.)
+__getattr__, __dir__ = exports(
+    __name__,
+    {
+        "CLIP_MARKER": "caps", "clip": "caps", "clip_deep": "caps",
+        "Output": "fold", "RunFold": "fold",
+        "Limits": "limits",
+        "DeepRecord": "records", "RunRecord": "records", "RunState": "records", "StepRecord": "records",
+        "REDACTED": "redact", "is_sensitive_key": "redact", "mask_credentials": "redact", "scrub": "redact",
+        "shape": "shapes",
+        "format_ts": "timefmt", "parse_ts": "timefmt",
+        "Event": "wire", "decode_event": "wire", "encode_event": "wire",
+    },
+)  # fmt: skip
 
 __all__ = [
     "CLIP_MARKER",
@@ -42,7 +65,6 @@ __all__ = [
     "is_sensitive_key",
     "mask_credentials",
     "parse_ts",
-    "redact",
     "scrub",
     "shape",
 ]

@@ -32,21 +32,26 @@ those imports ``sinks.sqlite``.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import pickle
 import signal
-import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import msgspec
 
 from stepstream import collector
 from stepstream.errors import SinkError, SinkUnavailable
 from stepstream.sinks.sqlite_operations import OPERATIONS, open_writer
+
+if TYPE_CHECKING:
+    import subprocess
+    from concurrent.futures import ThreadPoolExecutor
+
+# The client side (WriterProcess) imports asyncio, subprocess and concurrent.futures where
+# it uses them: the child, which runs this module, needs none of them, and they were a
+# third of its start-up.
 
 _HEADER = 8
 _CLOSE_SECONDS = 10.0
@@ -104,6 +109,9 @@ class WriterProcess:
     async def start(self) -> None:
         """Start the child; it opens the file and makes the schema (a failure there is
         raised here, as the :class:`SinkError` the child reports)."""
+        import subprocess
+        from concurrent.futures import ThreadPoolExecutor
+
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="stepstream-sqlite-writer")
         self._proc = subprocess.Popen(self._argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         try:
@@ -122,6 +130,8 @@ class WriterProcess:
     async def _on_thread(self, fn: Any, *args: Any) -> Any:
         if self._thread is None:
             raise SinkError("sqlite sink: store is closed")
+        import asyncio
+
         return await asyncio.get_running_loop().run_in_executor(self._thread, fn, *args)
 
     def _exchange(self, frame: bytearray) -> Any:
@@ -148,6 +158,8 @@ class WriterProcess:
         raise (SinkUnavailable if retriable else SinkError)(message) from None
 
     def _gone(self) -> SinkError:
+        import subprocess
+
         proc = self._proc
         status = None
         if proc is not None:
@@ -158,6 +170,9 @@ class WriterProcess:
     async def close(self) -> None:
         """Close the child's stdin (after any exchange still on the thread) and wait for
         it to exit; killed after :data:`_CLOSE_SECONDS`."""
+        import asyncio
+        import subprocess
+
         thread, self._thread = self._thread, None
         proc, self._proc = self._proc, None
         if proc is None:
