@@ -15,10 +15,13 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 
-def exports(package: str, names: Mapping[str, str]) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
-    """``(__getattr__, __dir__)`` for ``package``, where ``names`` maps each exported
-    name to the submodule (relative to the package) that defines it."""
-    namespace = importlib.import_module(package).__dict__
+def exports(
+    namespace: dict[str, Any], names: Mapping[str, str]
+) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
+    """``(__getattr__, __dir__)`` for the package whose ``globals()`` are ``namespace``,
+    where ``names`` maps each exported name to the submodule (relative to the package)
+    that defines it."""
+    package = namespace["__name__"]
 
     def __getattr__(name: str) -> Any:
         module = names.get(name)

@@ -154,17 +154,6 @@ class WorkerProcess:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
 
-    async def wait_assigned(self, timeout: float = 60.0) -> None:
-        """Until ``/ready`` answers 200: the group has settled and given this worker its
-        partitions (a kill after it lands on a worker at work, not on one still joining)."""
-        deadline = time.monotonic() + timeout
-        while (status := await asyncio.to_thread(self.ready_status))[0] != 200:
-            if not self.alive():
-                raise AssertionError(f"worker exited with {self.proc.returncode}; log:\n{self.tail()}")
-            if time.monotonic() > deadline:
-                raise AssertionError(f"worker never ready within {timeout}s: {status}; log:\n{self.tail()}")
-            await asyncio.sleep(0.2)
-
     def ready_status(self) -> tuple[int, dict]:
         """``(HTTP status, body)`` of ``/ready``; ``(0, {})`` when the port does not answer."""
         import json

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from stepfork.recorder import record
 
-from harness import KILLED_SESSION, dump, first_difference, golden_dump, read_topic, wait_caught_up
+from harness import KILLED_SESSION, dump, first_difference, golden_dump, read_topic, wait_caught_up, wait_for
 from secure_kafka import SecureKafka, SecureScenario
 from stepstream.cli import main
 from stepstream.core import wire
@@ -142,7 +142,7 @@ async def test_sigkill_mid_stream_over_sasl_ssl_converges(scenario_of, tmp_path)
     for n, i in enumerate(range(0, len(events), chunk)):
         await s.produce(events[i : i + chunk])
         if n % 2 == 0:
-            await worker.wait_assigned()
+            await wait_for(lambda: worker.ready_status()[0] == 200, 60, "the worker to get its partitions")
         await asyncio.sleep(rng.uniform(1.0, 3.0))
         at_work += worker.metric_sum("stepstream_events_total") > 0
         worker.kill()

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from aiokafka import AIOKafkaConsumer
 
-from harness import KILLED_SESSION, Scenario, dump, first_difference, wait_caught_up
+from harness import KILLED_SESSION, Scenario, dump, first_difference, wait_caught_up, wait_for
 from stepstream.core.wire import encode_event
 from stepstream.emitter.corpus import generate_events
 from stepstream.emitter.producer import Emitter
@@ -90,7 +90,7 @@ async def test_sigkill_at_random_instants_converges(scenario, corpus, golden):
     for n, i in enumerate(range(0, len(events), chunk)):
         await scenario.produce(events[i : i + chunk])
         if n % 2 == 0:
-            await worker.wait_assigned()
+            await wait_for(lambda: worker.ready_status()[0] == 200, 60, "the worker to get its partitions")
         await asyncio.sleep(rng.uniform(0.3, 2.5))
         at_work += worker.metric_sum("stepstream_events_total") > 0
         worker.kill()

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 # fold, the redactor and the decoder too. (The redactor is ``stepstream.core.redact.redact``:
 # ``stepstream.core.redact`` is its module.)
 __getattr__, __dir__ = exports(
-    __name__,
+    globals(),
     {
         "CLIP_MARKER": "caps", "clip": "caps", "clip_deep": "caps",
         "Output": "fold", "RunFold": "fold",

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 # Imported when first read (stepstream.lazy): a SQLite writer process imports
 # stepstream.sinks.sqlite_operations without every backend and its drivers.
 __getattr__, __dir__ = exports(
-    __name__,
+    globals(),
     {
         "open_deep_store": "factory", "open_step_store": "factory", "open_stores": "factory",
         "Capabilities": "ports", "DeepStore": "ports", "InvalidCursor": "ports", "RetentionStore": "ports",
